@@ -1,0 +1,2 @@
+//! The nfsrdma client library: NFSv3 over TCP or RPC-over-RDMA.
+#![forbid(unsafe_code)]

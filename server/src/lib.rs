@@ -1,0 +1,2 @@
+//! The nfsrdmad server: an in-memory NFSv3 + MOUNT v3 store served over TCP and RPC-over-RDMA.
+#![forbid(unsafe_code)]
