@@ -43,7 +43,7 @@ fn read3res(c: &mut Criterion) {
             file_attributes: Some(Fattr3::default()),
             count: size as u32,
             eof: false,
-            data: nfs3::Data(Bytes::from(vec![0xa5u8; size])),
+            data: nfs3::Data::new(Bytes::from(vec![0xa5u8; size])),
         });
         // The wire form a receiver sees: one contiguous buffer.
         let wire = res.to_bytes();

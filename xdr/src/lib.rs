@@ -24,11 +24,14 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+pub use payload::Payload;
+
 #[macro_use]
 mod macros;
 
 pub mod mount;
 pub mod nfs3;
+mod payload;
 pub mod portmap;
 pub mod record;
 pub mod rpc;
@@ -106,9 +109,11 @@ pub trait XdrSink {
 
     /// Appends a DDP-eligible payload (the contents of an opaque, without its
     /// length word and without padding). The default copies it; a sink may
-    /// instead keep a reference to it. The caller writes the padding.
-    fn put_payload(&mut self, payload: &Bytes) {
-        self.put_raw(payload);
+    /// instead keep references to its pieces. The caller writes the padding.
+    fn put_payload(&mut self, payload: &Payload) {
+        for p in payload.parts() {
+            self.put_raw(p);
+        }
     }
 
     /// Appends a big-endian u32.
@@ -178,16 +183,18 @@ impl XdrSink for IoVecSink {
         self.len += bytes.len();
     }
 
-    fn put_payload(&mut self, payload: &Bytes) {
-        if payload.len() < Self::BY_REFERENCE_MIN {
-            self.put_raw(payload);
-            return;
+    fn put_payload(&mut self, payload: &Payload) {
+        for p in payload.parts() {
+            if p.len() < Self::BY_REFERENCE_MIN {
+                self.put_raw(p);
+                continue;
+            }
+            if !self.head.is_empty() {
+                self.parts.push(self.head.split().freeze());
+            }
+            self.parts.push(p.clone());
+            self.len += p.len();
         }
-        if !self.head.is_empty() {
-            self.parts.push(self.head.split().freeze());
-        }
-        self.parts.push(payload.clone());
-        self.len += payload.len();
     }
 }
 
@@ -199,7 +206,7 @@ impl XdrSink for CountingSink {
     fn put_raw(&mut self, bytes: &[u8]) {
         self.0 += bytes.len();
     }
-    fn put_payload(&mut self, payload: &Bytes) {
+    fn put_payload(&mut self, payload: &Payload) {
         self.0 += payload.len();
     }
 }
@@ -218,7 +225,7 @@ pub struct Decoder {
 #[derive(Debug, Clone)]
 struct DdpItem {
     position: usize,
-    data: Bytes,
+    data: Payload,
 }
 
 impl Decoder {
@@ -236,7 +243,7 @@ impl Decoder {
     /// have begun at stream offset `position` (just after its length word);
     /// [`Decoder::payload`] returns `data` there instead of reading the
     /// stream. `position` counts from the start of `buf`.
-    pub fn with_ddp(buf: Bytes, position: usize, data: Bytes) -> Self {
+    pub fn with_ddp(buf: Bytes, position: usize, data: Payload) -> Self {
         Decoder {
             buf,
             consumed: 0,
@@ -380,7 +387,7 @@ impl Decoder {
     /// this decoder carries a DDP item at the current position (just after
     /// the length word), the contents come from it, and the declared length
     /// must equal the item's length; otherwise this is [`Decoder::opaque`].
-    pub fn payload(&mut self, what: &'static str, max: u32) -> Result<Bytes> {
+    pub fn payload(&mut self, what: &'static str, max: u32) -> Result<Payload> {
         let len = self.u32(what)?;
         if len > max {
             return Err(XdrError::TooLong {
@@ -399,7 +406,7 @@ impl Decoder {
             }
             return Ok(item.data);
         }
-        self.fixed_bytes(what, len as usize)
+        self.fixed_bytes(what, len as usize).map(Payload::from)
     }
 }
 
@@ -532,7 +539,7 @@ pub fn encode_opaque<S: XdrSink + ?Sized>(s: &mut S, data: &[u8]) {
 
 /// Writes a DDP-eligible variable-length opaque through
 /// [`XdrSink::put_payload`].
-pub fn encode_payload<S: XdrSink + ?Sized>(s: &mut S, data: &Bytes) {
+pub fn encode_payload<S: XdrSink + ?Sized>(s: &mut S, data: &Payload) {
     s.put_u32_be(data.len() as u32);
     s.put_payload(data);
     s.put_padding(pad_len(data.len()));
@@ -714,7 +721,7 @@ mod tests {
 
     #[test]
     fn iovec_sink_keeps_large_payloads_by_reference() {
-        let payload = Bytes::from(vec![1u8; 4097]);
+        let payload = Payload::from(Bytes::from(vec![1u8; 4097]));
         let mut s = IoVecSink::new();
         s.put_u32_be(9);
         encode_payload(&mut s, &payload);
@@ -722,7 +729,7 @@ mod tests {
         assert_eq!(s.len(), 4 + 4 + 4097 + 3 + 4);
         let parts = s.into_parts();
         assert_eq!(parts.len(), 3);
-        assert_eq!(parts[1].as_ptr(), payload.as_ptr());
+        assert_eq!(parts[1].as_ptr(), payload.parts()[0].as_ptr());
         let joined: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
         let mut flat = BytesMut::new();
         flat.put_u32(9);
@@ -740,20 +747,20 @@ mod tests {
         b.put_u32(5);
         b.put_u32(43);
         let chunk = Bytes::from_static(b"hello");
-        let mut d = Decoder::with_ddp(b.clone().freeze(), 8, chunk.clone());
+        let mut d = Decoder::with_ddp(b.clone().freeze(), 8, chunk.clone().into());
         assert_eq!(d.u32("a").unwrap(), 42);
         let p = d.payload("data", 100).unwrap();
-        assert_eq!(p.as_ptr(), chunk.as_ptr());
+        assert_eq!(p.parts()[0].as_ptr(), chunk.as_ptr());
         assert_eq!(d.u32("b").unwrap(), 43);
         d.finish("m").unwrap();
 
         // A length that disagrees with the chunk is an error.
-        let mut d = Decoder::with_ddp(b.clone().freeze(), 8, Bytes::from_static(b"hell"));
+        let mut d = Decoder::with_ddp(b.clone().freeze(), 8, "hell".into());
         d.u32("a").unwrap();
         assert!(d.payload("data", 100).is_err());
 
         // A chunk that no payload claims is reported by finish().
-        let mut d = Decoder::with_ddp(b.freeze(), 4, chunk);
+        let mut d = Decoder::with_ddp(b.freeze(), 4, chunk.into());
         d.u32("a").unwrap();
         d.u32("b").unwrap();
         d.u32("c").unwrap();

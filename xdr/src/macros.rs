@@ -141,8 +141,12 @@ macro_rules! xdr_opaque {
             }
         }
     };
-    (@encode true, $s:ident, $b:expr) => { $crate::encode_payload($s, $b) };
+    (@encode true, $s:ident, $b:expr) => {
+        $crate::encode_payload($s, &$crate::Payload::from(($b).clone()))
+    };
     (@encode false, $s:ident, $b:expr) => { $crate::encode_opaque($s, $b) };
-    (@decode true, $d:ident, $what:literal, $max:expr) => { $d.payload($what, $max) };
+    (@decode true, $d:ident, $what:literal, $max:expr) => {
+        $d.payload($what, $max).map(|p| p.to_contiguous())
+    };
     (@decode false, $d:ident, $what:literal, $max:expr) => { $d.opaque($what, $max) };
 }

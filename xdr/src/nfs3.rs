@@ -6,7 +6,7 @@
 //! [`NfsResult`]: the `resok` arm on NFS3_OK, the status and `resfail` arm
 //! otherwise.
 
-use crate::{Decoder, List, Result, Xdr, XdrError, XdrSink};
+use crate::{Decoder, List, Payload, Result, Xdr, XdrError, XdrSink};
 
 /// NFS program number.
 pub const PROGRAM: u32 = 100003;
@@ -169,10 +169,55 @@ xdr_opaque!(
     pub struct NfsPath3, max = MAXPATHLEN, what = "nfspath3", payload = true
 );
 
-xdr_opaque!(
-    /// READ and WRITE data (DDP-eligible).
-    pub struct Data, max = MAXDATA, what = "data", payload = true
-);
+/// READ and WRITE data (DDP-eligible): a [`Payload`], possibly in pieces
+/// (a READ reply carries the store blocks it covers without copying them).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Data(pub Payload);
+
+impl Data {
+    /// The largest length the decoder accepts.
+    pub const MAX: u32 = MAXDATA;
+
+    /// Wraps a payload.
+    pub fn new(p: impl Into<Payload>) -> Self {
+        Data(p.into())
+    }
+}
+
+impl std::ops::Deref for Data {
+    type Target = Payload;
+    fn deref(&self) -> &Payload {
+        &self.0
+    }
+}
+
+impl<T: Into<Payload>> From<T> for Data {
+    fn from(v: T) -> Self {
+        Data(v.into())
+    }
+}
+
+impl Xdr for Data {
+    fn encode<S: XdrSink + ?Sized>(&self, s: &mut S) {
+        crate::encode_payload(s, &self.0);
+    }
+    fn decode(d: &mut Decoder) -> Result<Self> {
+        d.payload("data", MAXDATA).map(Data)
+    }
+    fn encoded_len(&self) -> usize {
+        4 + crate::roundup(self.0.len())
+    }
+}
+
+#[cfg(feature = "arbitrary")]
+impl proptest::arbitrary::Arbitrary for Data {
+    type Parameters = ();
+    type Strategy = proptest::strategy::BoxedStrategy<Self>;
+    fn arbitrary_with(_: ()) -> Self::Strategy {
+        use proptest::prelude::*;
+        any::<Payload>().prop_map(Data).boxed()
+    }
+}
 
 /// `cookieverf3`.
 pub type CookieVerf3 = [u8; COOKIEVERFSIZE];
