@@ -1,2 +1,9 @@
-//! The nfsrdmad server: an in-memory NFSv3 + MOUNT v3 store served over TCP and RPC-over-RDMA.
+//! The nfsrdmad server: an in-memory NFSv3 + MOUNT v3 store served over TCP
+//! and RPC-over-RDMA.
 #![forbid(unsafe_code)]
+
+pub mod exports;
+pub mod rpcbind;
+pub mod service;
+pub mod store;
+pub mod tcp;

@@ -1,0 +1,233 @@
+//! nfsrdmad: serves in-memory exports over NFSv3 and MOUNT v3.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use nfsrdma_server::exports::{ExportOptions, Exports};
+use nfsrdma_server::rpcbind;
+use nfsrdma_server::service::{Service, ServiceConfig};
+use nfsrdma_server::store::StoreConfig;
+use nfsrdma_server::tcp::{TcpConfig, TcpServer};
+use nfsrdma_xdr::{mount, nfs3};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// An in-memory NFSv3 server (TCP; RPC-over-RDMA to come).
+#[derive(Parser, Debug)]
+#[command(name = "nfsrdmad", version)]
+struct Args {
+    /// Export PATH to every client, read-write, no root squashing, any
+    /// source port (a quick start; repeatable).
+    #[arg(long = "export", value_name = "PATH")]
+    export: Vec<String>,
+    /// An exports file (/etc/exports syntax, see docs/operations.md).
+    #[arg(long, value_name = "FILE")]
+    exports: Option<PathBuf>,
+    /// A TOML configuration file; command-line flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// TCP address for NFS and MOUNT [default: 0.0.0.0:2049].
+    #[arg(long, value_name = "ADDR")]
+    tcp: Option<SocketAddr>,
+    /// Do not register with the local rpcbind.
+    #[arg(long)]
+    no_rpcbind: bool,
+    /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
+    /// Files each export may hold [default: 1048576].
+    #[arg(long, value_name = "N")]
+    max_inodes: Option<u64>,
+    /// Calls executing at once [default: 64].
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Largest RPC record accepted on TCP (K, M suffixes) [default: 1088K].
+    #[arg(long, value_name = "SIZE")]
+    max_record: Option<String>,
+}
+
+/// The TOML configuration: the same settings as the flags.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    export: Vec<String>,
+    exports: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    rpcbind: Option<bool>,
+    capacity: Option<String>,
+    max_inodes: Option<u64>,
+    workers: Option<usize>,
+    max_record: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => bail!("size {s:?}: unknown suffix {c:?} (use K, M, G or T)"),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("size {s:?} is not a number"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} is too large"))
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let cfg: Config = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing config {}", p.display()))?
+        }
+        None => Config::default(),
+    };
+
+    let mut rules = Exports::default();
+    if let Some(file) = args.exports.as_ref().or(cfg.exports.as_ref()) {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading exports file {}", file.display()))?;
+        rules = Exports::parse(&text).with_context(|| format!("in {}", file.display()))?;
+    }
+    for p in cfg.export.iter().chain(&args.export) {
+        let one = Exports::single(p, ExportOptions::permissive())
+            .with_context(|| format!("--export {p}"))?;
+        for e in one.entries {
+            if rules.find(&e.path).is_some() {
+                bail!("export {} is given twice", e.path);
+            }
+            rules.entries.push(e);
+        }
+    }
+    if rules.entries.is_empty() {
+        bail!("nothing to export: give --export PATH or --exports FILE");
+    }
+
+    let mut store = StoreConfig::default();
+    if let Some(c) = args.capacity.as_ref().or(cfg.capacity.as_ref()) {
+        store.capacity_bytes = parse_size(c).context("--capacity")?;
+    }
+    if let Some(n) = args.max_inodes.or(cfg.max_inodes) {
+        store.max_inodes = n;
+    }
+    let mut tcp = TcpConfig::default();
+    if let Some(n) = args.workers.or(cfg.workers) {
+        if n == 0 {
+            bail!("--workers must be at least 1");
+        }
+        tcp.workers = n;
+    }
+    if let Some(s) = args.max_record.as_ref().or(cfg.max_record.as_ref()) {
+        tcp.max_record = usize::try_from(parse_size(s).context("--max-record")?)?;
+        if tcp.max_record < 4096 {
+            bail!("--max-record must be at least 4K");
+        }
+    }
+    let addr = args
+        .tcp
+        .or(cfg.tcp)
+        .unwrap_or_else(|| "0.0.0.0:2049".parse().expect("valid address"));
+    let use_rpcbind = !args.no_rpcbind && cfg.rpcbind.unwrap_or(true);
+
+    let exports = Service::exports_from_rules(&rules, &store);
+    for e in &exports {
+        tracing::info!(path = %e.path, fsid = e.store.fsid(), "export");
+    }
+    let service = Arc::new(Service::new(exports, ServiceConfig::default()));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("nfsrdmad")
+        .build()?;
+    rt.block_on(run(service, addr, tcp, use_rpcbind))
+}
+
+async fn run(
+    service: Arc<Service>,
+    addr: SocketAddr,
+    tcp: TcpConfig,
+    use_rpcbind: bool,
+) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding TCP {addr}"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(addr = %local, "serving NFSv3 and MOUNT v3 over TCP");
+    // Tests and scripts read this line to learn the port.
+    println!("nfsrdmad: listening on tcp {local}");
+
+    let rpcbind_addr: SocketAddr = ([127, 0, 0, 1], nfsrdma_xdr::portmap::PORT).into();
+    let mut registered = false;
+    if use_rpcbind {
+        let port = local.port();
+        let reg = tokio::task::spawn_blocking(move || -> Result<(), rpcbind::RpcbindError> {
+            for (p, v) in [
+                (nfs3::PROGRAM, nfs3::VERSION),
+                (mount::PROGRAM, mount::VERSION),
+            ] {
+                let _ = rpcbind::unset(rpcbind_addr, p, v);
+                rpcbind::set(rpcbind_addr, p, v, port)?;
+            }
+            Ok(())
+        })
+        .await?;
+        match reg {
+            Ok(()) => {
+                registered = true;
+                tracing::info!("registered NFS and MOUNT with rpcbind");
+            }
+            Err(e) => tracing::info!(error = %e, "not registered with rpcbind"),
+        }
+    }
+
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let server = TcpServer::new(service.clone(), tcp);
+    let serving = tokio::spawn(async move { server.serve(listener, rx).await });
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = usr1.recv() => eprint!("{}", service.metrics().report()),
+        }
+    }
+    tracing::info!("shutting down: finishing calls in flight");
+    let _ = tx.send(true);
+    let _ = serving.await;
+    if registered {
+        let _ = tokio::task::spawn_blocking(move || {
+            for (p, v) in [
+                (nfs3::PROGRAM, nfs3::VERSION),
+                (mount::PROGRAM, mount::VERSION),
+            ] {
+                let _ = rpcbind::unset(rpcbind_addr, p, v);
+            }
+        })
+        .await;
+    }
+    eprint!("{}", service.metrics().report());
+    Ok(())
+}

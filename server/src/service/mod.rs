@@ -1,0 +1,407 @@
+//! The RPC service: decodes a call, checks its credentials and the export's
+//! rules, runs the procedure and produces the reply. It knows nothing of
+//! transports: a call arrives as one RPC message (`Bytes`, plus the
+//! caller's address), and the reply leaves as a typed [`Reply`] that the
+//! transport encodes with whatever sink it uses (a `writev` list on TCP,
+//! chunks on RDMA).
+
+pub mod drc;
+pub mod metrics;
+mod mount;
+mod nfs;
+
+use crate::exports::{ExportEntry, ExportOptions};
+use crate::store::{Cred, Store, StoreConfig};
+use bytes::Bytes;
+use drc::{Drc, DrcKey, DrcLookup};
+use metrics::Metrics;
+use nfsrdma_xdr::nfs3::{self, NfsProc3};
+use nfsrdma_xdr::rpc::{
+    self, flavor, AcceptStat, AuthStat, CallBody, MessageBody, RejectedReply, RpcMessage,
+};
+use nfsrdma_xdr::{mount as mnt, Decoder, IoVecSink, Xdr, XdrSink};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One exported tree.
+pub struct Export {
+    /// The path clients mount.
+    pub path: String,
+    /// Who may mount it, with which options.
+    pub rules: ExportEntry,
+    /// The file system.
+    pub store: Arc<Store>,
+}
+
+/// Server-wide settings of the service.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Largest READ and WRITE (FSINFO rtmax/wtmax).
+    pub max_io: u32,
+    /// Duplicate request cache entries.
+    pub drc_entries: usize,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            max_io: 1 << 20,
+            drc_entries: 4096,
+        }
+    }
+}
+
+/// Where a call came from.
+#[derive(Debug, Clone, Copy)]
+pub struct CallContext {
+    /// The peer's address (the port matters only for the `secure` option).
+    pub peer: SocketAddr,
+}
+
+impl CallContext {
+    fn ip(&self) -> IpAddr {
+        match self.peer.ip() {
+            IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map(IpAddr::V4)
+                .unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        }
+    }
+}
+
+/// The results part of a reply.
+#[derive(Debug, Clone)]
+pub enum ReplyBody {
+    /// Nothing follows the header (errors, void results).
+    Void,
+    /// An NFSv3 result.
+    Nfs(nfs3::Nfs3Res),
+    /// MNT.
+    Mnt(mnt::MountRes3),
+    /// DUMP.
+    Dump(mnt::MountList),
+    /// EXPORT.
+    Exports(mnt::Exports),
+    /// A reply body already encoded (duplicate request cache hits).
+    Raw(Bytes),
+}
+
+/// A reply: the RPC header and its results.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The RPC reply header.
+    pub header: RpcMessage,
+    /// The results.
+    pub body: ReplyBody,
+}
+
+impl Reply {
+    fn error(xid: u32, stat: AcceptStat) -> Reply {
+        Reply {
+            header: RpcMessage::accepted(xid, stat),
+            body: ReplyBody::Void,
+        }
+    }
+
+    fn success(xid: u32, body: ReplyBody) -> Reply {
+        Reply {
+            header: RpcMessage::accepted(xid, AcceptStat::Success),
+            body,
+        }
+    }
+
+    /// Encodes header and results.
+    pub fn encode<S: XdrSink + ?Sized>(&self, s: &mut S) {
+        self.header.encode(s);
+        self.encode_body(s);
+    }
+
+    /// Encodes the results only.
+    pub fn encode_body<S: XdrSink + ?Sized>(&self, s: &mut S) {
+        match &self.body {
+            ReplyBody::Void => {}
+            ReplyBody::Nfs(r) => r.encode(s),
+            ReplyBody::Mnt(r) => r.encode(s),
+            ReplyBody::Dump(r) => r.encode(s),
+            ReplyBody::Exports(r) => r.encode(s),
+            ReplyBody::Raw(b) => s.put_raw(b),
+        }
+    }
+
+    /// Encoded length.
+    pub fn encoded_len(&self) -> usize {
+        self.header.encoded_len()
+            + match &self.body {
+                ReplyBody::Void => 0,
+                ReplyBody::Nfs(r) => r.encoded_len(),
+                ReplyBody::Mnt(r) => r.encoded_len(),
+                ReplyBody::Dump(r) => r.encoded_len(),
+                ReplyBody::Exports(r) => r.encoded_len(),
+                ReplyBody::Raw(b) => b.len(),
+            }
+    }
+
+    /// The reply as a list of buffers; READ data stays in the store's
+    /// blocks.
+    pub fn to_parts(&self) -> Vec<Bytes> {
+        let mut s = IoVecSink::new();
+        self.encode(&mut s);
+        s.into_parts()
+    }
+}
+
+/// The caller as the procedure sees it.
+pub(crate) struct Caller<'a> {
+    pub ctx: &'a CallContext,
+    /// Credential as sent (before squashing), `None` for AUTH_NONE.
+    pub cred: Option<Cred>,
+}
+
+impl Caller<'_> {
+    /// The credential under an export's options (squashing applied,
+    /// AUTH_NONE as the anonymous user).
+    pub fn cred_for(&self, o: &ExportOptions) -> Cred {
+        match &self.cred {
+            Some(c) => {
+                let (uid, gid, gids) = o.squash(c.uid, c.gid, &c.gids);
+                Cred { uid, gid, gids }
+            }
+            None => Cred {
+                uid: o.anonuid,
+                gid: o.anongid,
+                gids: vec![],
+            },
+        }
+    }
+}
+
+/// The NFSv3 and MOUNT v3 service.
+pub struct Service {
+    exports: Vec<Export>,
+    config: ServiceConfig,
+    write_verf: [u8; 8],
+    drc: Drc,
+    metrics: Metrics,
+    mounts: Mutex<Vec<(String, String)>>,
+}
+
+impl Service {
+    /// A service over `exports`. The write verifier is new at every start.
+    pub fn new(exports: Vec<Export>, config: ServiceConfig) -> Service {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let seed = t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 40);
+        Service {
+            exports,
+            drc: Drc::new(config.drc_entries),
+            config,
+            write_verf: seed.to_be_bytes(),
+            metrics: Metrics::new(),
+            mounts: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Builds exports from parsed rules, one store per export, fsids 1, 2, ...
+    /// (or the `fsid=` option).
+    pub fn exports_from_rules(rules: &crate::exports::Exports, base: &StoreConfig) -> Vec<Export> {
+        rules
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let first = e.clients.first().map(|c| &c.options);
+                let fsid = first.and_then(|o| o.fsid).map_or(i as u64 + 1, u64::from);
+                let null = e.clients.iter().any(|c| c.options.null);
+                Export {
+                    path: e.path.clone(),
+                    rules: e.clone(),
+                    store: Arc::new(Store::new(StoreConfig {
+                        fsid,
+                        null,
+                        ..base.clone()
+                    })),
+                }
+            })
+            .collect()
+    }
+
+    /// The exports.
+    pub fn exports(&self) -> &[Export] {
+        &self.exports
+    }
+
+    /// Per-procedure counters and latencies.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The duplicate request cache.
+    pub fn drc(&self) -> &Drc {
+        &self.drc
+    }
+
+    /// The write verifier of this server instance.
+    pub fn write_verf(&self) -> [u8; 8] {
+        self.write_verf
+    }
+
+    /// Handles one RPC message. `None` means no reply is sent: the message
+    /// was not a call, its header could not be decoded, or it is a
+    /// retransmission of a call still in progress.
+    pub fn handle(&self, ctx: &CallContext, msg: Bytes) -> Option<Reply> {
+        let mut d = Decoder::new(msg);
+        let header = match RpcMessage::decode(&mut d) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::debug!(peer = %ctx.peer, error = %e, "undecodable RPC header dropped");
+                return None;
+            }
+        };
+        let call = match header.body {
+            MessageBody::Call(c) => c,
+            MessageBody::Reply(_) => {
+                tracing::debug!(peer = %ctx.peer, "RPC reply received by the server; dropped");
+                return None;
+            }
+        };
+        self.handle_call(ctx, header.xid, &call, d)
+    }
+
+    /// Handles a decoded call header whose arguments are in `args`.
+    pub fn handle_call(
+        &self,
+        ctx: &CallContext,
+        xid: u32,
+        call: &CallBody,
+        args: Decoder,
+    ) -> Option<Reply> {
+        if call.rpcvers != rpc::RPC_VERSION {
+            return Some(Reply {
+                header: RpcMessage::denied(xid, RejectedReply::RpcMismatch { low: 2, high: 2 }),
+                body: ReplyBody::Void,
+            });
+        }
+        let cred = match call.cred.flavor {
+            flavor::AUTH_NONE => None,
+            flavor::AUTH_SYS => match call.cred.as_auth_sys() {
+                Ok(p) => Some(Cred {
+                    uid: p.uid,
+                    gid: p.gid,
+                    gids: p.gids.0,
+                }),
+                Err(e) => {
+                    tracing::debug!(peer = %ctx.peer, error = %e, "bad AUTH_SYS credential");
+                    return Some(auth_error(xid, AuthStat::BadCred));
+                }
+            },
+            _ if call.proc_ == 0 => None,
+            _ => return Some(auth_error(xid, AuthStat::TooWeak)),
+        };
+        let caller = Caller { ctx, cred };
+        match (call.prog, call.vers) {
+            (nfs3::PROGRAM, nfs3::VERSION) => self.nfs_call(&caller, xid, call.proc_, args),
+            (nfs3::PROGRAM, _) => Some(Reply::error(
+                xid,
+                AcceptStat::ProgMismatch { low: 3, high: 3 },
+            )),
+            (mnt::PROGRAM, mnt::VERSION) => Some(self.mount_call(&caller, xid, call.proc_, args)),
+            (mnt::PROGRAM, _) => Some(Reply::error(
+                xid,
+                AcceptStat::ProgMismatch { low: 3, high: 3 },
+            )),
+            _ => Some(Reply::error(xid, AcceptStat::ProgUnavail)),
+        }
+    }
+
+    fn nfs_call(&self, caller: &Caller, xid: u32, proc_: u32, mut args: Decoder) -> Option<Reply> {
+        let Some(p) = NfsProc3::from_u32(proc_) else {
+            return Some(Reply::error(xid, AcceptStat::ProcUnavail));
+        };
+        // Non-idempotent calls go through the duplicate request cache,
+        // keyed by client address (no port, RFC 8267 §4.2), xid, procedure
+        // and a checksum of the arguments.
+        let drc_key = p
+            .is_non_idempotent()
+            .then(|| DrcKey::new(caller.ctx.ip(), xid, proc_, args.clone().into_rest()));
+        if let Some(k) = &drc_key {
+            match self.drc.begin(k) {
+                DrcLookup::New => {}
+                DrcLookup::InProgress => {
+                    self.metrics.drc_in_progress();
+                    return None;
+                }
+                DrcLookup::Done(body) => {
+                    self.metrics.drc_hit();
+                    return Some(Reply::success(xid, ReplyBody::Raw(body)));
+                }
+            }
+        }
+        let decoded = nfs3::Nfs3Args::decode(p, &mut args);
+        let decoded = match decoded.and_then(|a| args.finish("NFSv3 arguments").map(|_| a)) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(peer = %caller.ctx.peer, proc = p.name(), error = %e, "GARBAGE_ARGS");
+                if let Some(k) = &drc_key {
+                    self.drc.abandon(k);
+                }
+                self.metrics.garbage();
+                return Some(Reply::error(xid, AcceptStat::GarbageArgs));
+            }
+        };
+        let start = Instant::now();
+        let res = self.nfs_dispatch(caller, decoded);
+        self.metrics.record(p, res.status(), start.elapsed());
+        let reply = Reply::success(xid, ReplyBody::Nfs(res));
+        if let Some(k) = drc_key {
+            let mut body = bytes::BytesMut::new();
+            reply.encode_body(&mut body);
+            self.drc.complete(&k, body.freeze());
+        }
+        Some(reply)
+    }
+
+    fn mount_call(&self, caller: &Caller, xid: u32, proc_: u32, mut args: Decoder) -> Reply {
+        let body = match proc_ {
+            mnt::proc_::NULL => Ok(ReplyBody::Void),
+            mnt::proc_::MNT => {
+                mnt::DirPath::decode(&mut args).map(|p| ReplyBody::Mnt(self.mnt(caller, &p)))
+            }
+            mnt::proc_::DUMP => Ok(ReplyBody::Dump(self.dump())),
+            mnt::proc_::UMNT => mnt::DirPath::decode(&mut args).map(|p| {
+                self.umnt(caller, &p);
+                ReplyBody::Void
+            }),
+            mnt::proc_::UMNTALL => {
+                self.umntall(caller);
+                Ok(ReplyBody::Void)
+            }
+            mnt::proc_::EXPORT => Ok(ReplyBody::Exports(self.export_list())),
+            _ => return Reply::error(xid, AcceptStat::ProcUnavail),
+        };
+        match body.and_then(|b| args.finish("MOUNT arguments").map(|_| b)) {
+            Ok(b) => Reply::success(xid, b),
+            Err(e) => {
+                tracing::debug!(peer = %caller.ctx.peer, error = %e, "MOUNT GARBAGE_ARGS");
+                Reply::error(xid, AcceptStat::GarbageArgs)
+            }
+        }
+    }
+
+    /// FSINFO's largest transfer.
+    pub fn max_io(&self) -> u32 {
+        self.config.max_io
+    }
+}
+
+fn auth_error(xid: u32, why: AuthStat) -> Reply {
+    Reply {
+        header: RpcMessage::denied(xid, RejectedReply::AuthError(why)),
+        body: ReplyBody::Void,
+    }
+}
+
+#[cfg(test)]
+mod tests;

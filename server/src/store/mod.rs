@@ -1,0 +1,1249 @@
+//! The tmpfs-like in-memory file system behind an export.
+//!
+//! [`Store`] wraps an [`Fs`] in a read-write lock. The NFS service takes the
+//! lock once per call and does everything the call needs under it, so the
+//! weak-cache-consistency attributes it reports (before and after) are
+//! atomic with the operation. Reads share the lock; READ data is returned as
+//! `Bytes` pointing into the file's blocks (see [`blocks`]).
+//!
+//! Errors are NFSv3 status codes: the store speaks the protocol's language.
+
+pub mod blocks;
+
+use blocks::{block_size_for, zeros, Block, BlockSource, HeapSource, BLOCK_SIZE};
+use bytes::Bytes;
+use nfsrdma_xdr::nfs3::{
+    access, Fattr3, Ftype3, NfsStat3, NfsTime3, Sattr3, SetTime, SpecData3, WccAttr,
+};
+use nfsrdma_xdr::Payload;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Result of a store operation.
+pub type SResult<T> = Result<T, NfsStat3>;
+
+/// Longest name component.
+pub const NAME_MAX: usize = 255;
+/// Most hard links to one file.
+pub const LINK_MAX: u32 = 65_000;
+/// Largest file size.
+pub const MAX_FILE_SIZE: u64 = (1 << 50) - 1;
+/// Length of a file handle.
+pub const HANDLE_LEN: usize = 24;
+const HANDLE_MAGIC: [u8; 4] = *b"nRd1";
+/// Cookies 1 and 2 are "." and ".."; entries count from here.
+const FIRST_ENTRY_COOKIE: u64 = 3;
+
+/// The caller's credentials, after squashing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cred {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub gids: Vec<u32>,
+}
+
+impl Cred {
+    /// The superuser.
+    pub fn root() -> Cred {
+        Cred::default()
+    }
+
+    fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.gids.contains(&gid)
+    }
+}
+
+/// Store limits and identity.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// File system id reported in attributes and carried in handles.
+    pub fsid: u64,
+    /// Bytes of file data the store may hold.
+    pub capacity_bytes: u64,
+    /// Most inodes (files, directories, links, nodes).
+    pub max_inodes: u64,
+    /// Null export: reads return zeros, writes are discarded (sizes and
+    /// times still change), no data memory is used.
+    pub null: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            fsid: 1,
+            capacity_bytes: 4 << 30,
+            max_inodes: 1 << 20,
+            null: false,
+        }
+    }
+}
+
+/// An inode number: a slot in the inode table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ino(u32);
+
+impl Ino {
+    /// The file id reported to clients.
+    pub fn fileid(self) -> u64 {
+        u64::from(self.0) + 1
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Attr {
+    kind: Ftype3,
+    mode: u32,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    rdev: SpecData3,
+    atime: NfsTime3,
+    mtime: NfsTime3,
+    ctime: NfsTime3,
+}
+
+#[derive(Debug, Default)]
+struct FileData {
+    size: u64,
+    blocks: BTreeMap<u64, Block>,
+    /// Bytes of block memory held.
+    used: u64,
+    /// Verifier of an EXCLUSIVE create, until attributes are set.
+    create_verf: Option<[u8; 8]>,
+}
+
+#[derive(Debug)]
+struct Dir {
+    parent: Ino,
+    /// Entries by cookie; a cookie is never reused within a directory, so
+    /// an old cookie stays meaningful while entries come and go.
+    entries: BTreeMap<u64, (Bytes, Ino)>,
+    by_name: HashMap<Bytes, u64>,
+    next_cookie: u64,
+    subdirs: u32,
+}
+
+#[derive(Debug)]
+enum Content {
+    File(FileData),
+    Dir(Dir),
+    Symlink(Bytes),
+    Node,
+}
+
+#[derive(Debug)]
+struct Inode {
+    attr: Attr,
+    content: Content,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u32,
+    inode: Option<Inode>,
+}
+
+/// What CREATE, MKDIR, SYMLINK and MKNOD make.
+#[derive(Debug, Clone)]
+pub enum NewNode {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link to the target.
+    Symlink(Bytes),
+    /// A device, socket or fifo.
+    Special(Ftype3, SpecData3),
+}
+
+/// How CREATE treats an existing name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateMode {
+    /// Use (and truncate per the attributes) an existing regular file.
+    Unchecked,
+    /// Fail with NFS3ERR_EXIST.
+    Guarded,
+    /// Idempotent create keyed by this verifier.
+    Exclusive([u8; 8]),
+}
+
+/// One READDIR entry.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    /// Name.
+    pub name: Bytes,
+    /// Cookie to continue after it.
+    pub cookie: u64,
+    /// The inode.
+    pub ino: Ino,
+}
+
+/// The file system state. Obtain it through [`Store::read`] or
+/// [`Store::write`].
+pub struct Fs {
+    config: StoreConfig,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    inodes: u64,
+    used_bytes: u64,
+    source: Box<dyn BlockSource>,
+    handle_key: std::collections::hash_map::RandomState,
+}
+
+/// An in-memory file system shared by the service's workers.
+pub struct Store {
+    fs: RwLock<Fs>,
+    fsid: u64,
+}
+
+impl Store {
+    /// An empty store whose root directory is owned by root, mode 0755.
+    pub fn new(config: StoreConfig) -> Store {
+        Store::with_source(config, Box::new(HeapSource))
+    }
+
+    /// An empty store taking block memory from `source`.
+    pub fn with_source(config: StoreConfig, source: Box<dyn BlockSource>) -> Store {
+        let fsid = config.fsid;
+        let mut fs = Fs {
+            config,
+            slots: Vec::new(),
+            free: Vec::new(),
+            inodes: 0,
+            used_bytes: 0,
+            source,
+            handle_key: Default::default(),
+        };
+        let now = now();
+        let root = fs
+            .alloc_inode(Inode {
+                attr: Attr {
+                    kind: Ftype3::Dir,
+                    mode: 0o755,
+                    nlink: 2,
+                    uid: 0,
+                    gid: 0,
+                    rdev: SpecData3::default(),
+                    atime: now,
+                    mtime: now,
+                    ctime: now,
+                },
+                content: Content::Dir(Dir::new(Ino(0))),
+            })
+            .expect("an empty store has room for its root");
+        debug_assert_eq!(root, Ino(0));
+        Store {
+            fs: RwLock::new(fs),
+            fsid,
+        }
+    }
+
+    /// The file system id.
+    pub fn fsid(&self) -> u64 {
+        self.fsid
+    }
+
+    /// Shared access.
+    pub fn read(&self) -> RwLockReadGuard<'_, Fs> {
+        self.fs.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Exclusive access.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Fs> {
+        self.fs.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn now() -> NfsTime3 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    NfsTime3 {
+        seconds: d.as_secs() as u32,
+        nseconds: d.subsec_nanos(),
+    }
+}
+
+impl Dir {
+    fn new(parent: Ino) -> Dir {
+        Dir {
+            parent,
+            entries: BTreeMap::new(),
+            by_name: HashMap::new(),
+            next_cookie: FIRST_ENTRY_COOKIE,
+            subdirs: 0,
+        }
+    }
+
+    fn get(&self, name: &[u8]) -> Option<Ino> {
+        self.by_name.get(name).map(|c| self.entries[c].1)
+    }
+
+    fn insert(&mut self, name: Bytes, ino: Ino) {
+        let c = self.next_cookie;
+        self.next_cookie += 1;
+        self.by_name.insert(name.clone(), c);
+        self.entries.insert(c, (name, ino));
+    }
+
+    fn remove(&mut self, name: &[u8]) -> Option<Ino> {
+        let c = self.by_name.remove(name)?;
+        self.entries.remove(&c).map(|(_, ino)| ino)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Checks a name for CREATE-like operations and LOOKUP.
+pub fn check_name(name: &[u8]) -> SResult<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(NfsStat3::Acces);
+    }
+    if name.len() > NAME_MAX {
+        return Err(NfsStat3::Nametoolong);
+    }
+    Ok(())
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+impl Fs {
+    /// The root directory.
+    pub fn root(&self) -> Ino {
+        Ino(0)
+    }
+
+    /// The store's configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    fn alloc_inode(&mut self, inode: Inode) -> SResult<Ino> {
+        if self.inodes >= self.config.max_inodes {
+            return Err(NfsStat3::Nospc);
+        }
+        self.inodes += 1;
+        if let Some(i) = self.free.pop() {
+            let slot = &mut self.slots[i as usize];
+            slot.generation = slot.generation.wrapping_add(1);
+            slot.inode = Some(inode);
+            return Ok(Ino(i));
+        }
+        let i = u32::try_from(self.slots.len()).map_err(|_| NfsStat3::Nospc)?;
+        self.slots.push(Slot {
+            generation: 1,
+            inode: Some(inode),
+        });
+        Ok(Ino(i))
+    }
+
+    fn free_inode(&mut self, ino: Ino) {
+        if let Some(inode) = self.slots[ino.0 as usize].inode.take() {
+            if let Content::File(f) = inode.content {
+                self.used_bytes -= f.used;
+            }
+            self.inodes -= 1;
+            self.free.push(ino.0);
+        }
+    }
+
+    fn inode(&self, ino: Ino) -> SResult<&Inode> {
+        self.slots
+            .get(ino.0 as usize)
+            .and_then(|s| s.inode.as_ref())
+            .ok_or(NfsStat3::Stale)
+    }
+
+    fn inode_mut(&mut self, ino: Ino) -> SResult<&mut Inode> {
+        self.slots
+            .get_mut(ino.0 as usize)
+            .and_then(|s| s.inode.as_mut())
+            .ok_or(NfsStat3::Stale)
+    }
+
+    fn dir(&self, ino: Ino) -> SResult<&Dir> {
+        match &self.inode(ino)?.content {
+            Content::Dir(d) => Ok(d),
+            _ => Err(NfsStat3::Notdir),
+        }
+    }
+
+    fn dir_mut(&mut self, ino: Ino) -> SResult<&mut Dir> {
+        match &mut self.inode_mut(ino)?.content {
+            Content::Dir(d) => Ok(d),
+            _ => Err(NfsStat3::Notdir),
+        }
+    }
+
+    // ---- handles -----------------------------------------------------------
+
+    fn handle_check(&self, fileid: u64, generation: u32) -> u32 {
+        let mut h = self.handle_key.build_hasher();
+        h.write_u64(self.config.fsid);
+        h.write_u64(fileid);
+        h.write_u32(generation);
+        h.finish() as u32
+    }
+
+    /// The file handle of `ino`.
+    pub fn handle(&self, ino: Ino) -> Bytes {
+        let generation = self.slots[ino.0 as usize].generation;
+        let mut h = Vec::with_capacity(HANDLE_LEN);
+        h.extend_from_slice(&HANDLE_MAGIC);
+        h.extend_from_slice(&(self.config.fsid as u32).to_be_bytes());
+        h.extend_from_slice(&ino.fileid().to_be_bytes());
+        h.extend_from_slice(&generation.to_be_bytes());
+        h.extend_from_slice(&self.handle_check(ino.fileid(), generation).to_be_bytes());
+        Bytes::from(h)
+    }
+
+    /// The inode a handle names: NFS3ERR_BADHANDLE for anything that is not
+    /// a handle of this store (wrong length, magic, fsid or check value),
+    /// NFS3ERR_STALE for a handle of a removed file.
+    pub fn resolve(&self, fh: &[u8]) -> SResult<Ino> {
+        let (fsid, fileid, generation, check) = parse_handle(fh)?;
+        if fsid != self.config.fsid as u32 || check != self.handle_check(fileid, generation) {
+            return Err(NfsStat3::Badhandle);
+        }
+        let slot = fileid
+            .checked_sub(1)
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or(NfsStat3::Badhandle)?;
+        match self.slots.get(slot as usize) {
+            Some(s) if s.generation == generation && s.inode.is_some() => Ok(Ino(slot)),
+            Some(_) => Err(NfsStat3::Stale),
+            None => Err(NfsStat3::Badhandle),
+        }
+    }
+
+    // ---- attributes --------------------------------------------------------
+
+    /// The attributes of `ino`.
+    pub fn getattr(&self, ino: Ino) -> SResult<Fattr3> {
+        let i = self.inode(ino)?;
+        let a = &i.attr;
+        let (size, used) = match &i.content {
+            Content::File(f) => (f.size, f.used),
+            Content::Dir(d) => {
+                let s = 4096u64.max(((d.entries.len() as u64) * 32).next_multiple_of(4096));
+                (s, s)
+            }
+            Content::Symlink(t) => (t.len() as u64, 0),
+            Content::Node => (0, 0),
+        };
+        Ok(Fattr3 {
+            type_: a.kind,
+            mode: a.mode,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            size,
+            used,
+            rdev: a.rdev,
+            fsid: self.config.fsid,
+            fileid: ino.fileid(),
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        })
+    }
+
+    /// The attributes a client checks its cache with.
+    pub fn wcc_attr(&self, ino: Ino) -> Option<WccAttr> {
+        self.getattr(ino).ok().map(|a| WccAttr {
+            size: a.size,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        })
+    }
+
+    /// Whether `cred` may do `want` (rwx bits: 4, 2, 1) on `ino`.
+    fn may(&self, ino: Ino, cred: &Cred, want: u32) -> SResult<bool> {
+        let a = &self.inode(ino)?.attr;
+        Ok(mode_allows(a, cred, want))
+    }
+
+    fn require(&self, ino: Ino, cred: &Cred, want: u32) -> SResult<()> {
+        if self.may(ino, cred, want)? {
+            Ok(())
+        } else {
+            Err(NfsStat3::Acces)
+        }
+    }
+
+    /// ACCESS: which of `want` ([`access`] bits) `cred` has on `ino`.
+    /// A read-only export passes `read_only`, which withholds the bits that
+    /// change things.
+    pub fn access(&self, ino: Ino, cred: &Cred, want: u32, read_only: bool) -> SResult<u32> {
+        let i = self.inode(ino)?;
+        let is_dir = i.attr.kind == Ftype3::Dir;
+        let r = mode_allows(&i.attr, cred, 4);
+        let w = mode_allows(&i.attr, cred, 2) && !read_only;
+        let x = mode_allows(&i.attr, cred, 1);
+        let mut got = 0;
+        if r {
+            got |= access::READ;
+        }
+        if w {
+            got |= access::MODIFY | access::EXTEND;
+            if is_dir {
+                got |= access::DELETE;
+            }
+        }
+        if x {
+            got |= if is_dir {
+                access::LOOKUP
+            } else {
+                access::EXECUTE
+            };
+        }
+        Ok(got & want)
+    }
+
+    /// SETATTR, with the ctime guard.
+    pub fn setattr(
+        &mut self,
+        ino: Ino,
+        cred: &Cred,
+        s: &Sattr3,
+        guard: Option<NfsTime3>,
+    ) -> SResult<()> {
+        let attr = self.inode(ino)?.attr.clone();
+        if let Some(g) = guard {
+            if g != attr.ctime {
+                return Err(NfsStat3::NotSync);
+            }
+        }
+        let owner = cred.uid == 0 || cred.uid == attr.uid;
+        if s.mode.is_some() && !owner {
+            return Err(NfsStat3::Perm);
+        }
+        if let Some(uid) = s.uid {
+            if uid != attr.uid && cred.uid != 0 {
+                return Err(NfsStat3::Perm);
+            }
+        }
+        if let Some(gid) = s.gid {
+            if gid != attr.gid && cred.uid != 0 && !(cred.uid == attr.uid && cred.in_group(gid)) {
+                return Err(NfsStat3::Perm);
+            }
+        }
+        for t in [&s.atime, &s.mtime] {
+            match t {
+                SetTime::DontChange => {}
+                SetTime::ServerTime => {
+                    if !owner && !mode_allows(&attr, cred, 2) {
+                        return Err(NfsStat3::Acces);
+                    }
+                }
+                SetTime::ClientTime(_) => {
+                    if !owner {
+                        return Err(NfsStat3::Perm);
+                    }
+                }
+            }
+        }
+        if let Some(size) = s.size {
+            match attr.kind {
+                Ftype3::Reg => {}
+                Ftype3::Dir => return Err(NfsStat3::Isdir),
+                _ => return Err(NfsStat3::Inval),
+            }
+            // The owner may truncate a file it cannot write (an open file
+            // keeps its access); others need write permission.
+            if cred.uid != attr.uid && !mode_allows(&attr, cred, 2) {
+                return Err(NfsStat3::Acces);
+            }
+            self.truncate(ino, size)?;
+        }
+        let t = now();
+        let i = self.inode_mut(ino)?;
+        let a = &mut i.attr;
+        if let Some(m) = s.mode {
+            a.mode = m & 0o7777;
+        }
+        if let Some(u) = s.uid {
+            a.uid = u;
+        }
+        if let Some(g) = s.gid {
+            a.gid = g;
+        }
+        if s.uid.is_some() || s.gid.is_some() {
+            // Changing owners clears set-id bits, as local file systems do.
+            if cred.uid != 0 {
+                a.mode &= !0o6000;
+            }
+        }
+        match s.atime {
+            SetTime::DontChange => {}
+            SetTime::ServerTime => a.atime = t,
+            SetTime::ClientTime(v) => a.atime = v,
+        }
+        match s.mtime {
+            SetTime::DontChange => {}
+            SetTime::ServerTime => a.mtime = t,
+            SetTime::ClientTime(v) => a.mtime = v,
+        }
+        a.ctime = t;
+        if let Content::File(f) = &mut i.content {
+            f.create_verf = None;
+        }
+        Ok(())
+    }
+
+    // ---- names -------------------------------------------------------------
+
+    /// LOOKUP `name` in `dir`.
+    pub fn lookup(&self, dir: Ino, name: &[u8], cred: &Cred) -> SResult<Ino> {
+        let d = self.dir(dir)?;
+        self.require(dir, cred, 1)?;
+        match name {
+            b"." => Ok(dir),
+            b".." => Ok(d.parent),
+            _ => {
+                check_name(name)?;
+                d.get(name).ok_or(NfsStat3::Noent)
+            }
+        }
+    }
+
+    /// READLINK.
+    pub fn readlink(&self, ino: Ino) -> SResult<Bytes> {
+        match &self.inode(ino)?.content {
+            Content::Symlink(t) => Ok(t.clone()),
+            _ => Err(NfsStat3::Inval),
+        }
+    }
+
+    fn check_dir_write(&self, dir: Ino, cred: &Cred) -> SResult<()> {
+        self.dir(dir)?;
+        self.require(dir, cred, 3)
+    }
+
+    /// CREATE, MKDIR, SYMLINK, MKNOD: makes `name` in `dir`.
+    pub fn create(
+        &mut self,
+        dir: Ino,
+        name: &[u8],
+        cred: &Cred,
+        node: NewNode,
+        mode: CreateMode,
+        attrs: &Sattr3,
+    ) -> SResult<Ino> {
+        self.check_dir_write(dir, cred)?;
+        if is_dot(name) {
+            return Err(NfsStat3::Exist);
+        }
+        check_name(name)?;
+        if let Some(existing) = self.dir(dir)?.get(name) {
+            return self.create_existing(existing, cred, &node, mode, attrs);
+        }
+        let t = now();
+        let dir_attr = &self.inode(dir)?.attr;
+        // A directory with the set-group-id bit passes its group on.
+        let (gid, sgid) = if dir_attr.mode & 0o2000 != 0 {
+            (dir_attr.gid, true)
+        } else {
+            (cred.gid, false)
+        };
+        let (kind, content, default_mode) = match &node {
+            NewNode::File => (
+                Ftype3::Reg,
+                Content::File(FileData {
+                    create_verf: match mode {
+                        CreateMode::Exclusive(v) => Some(v),
+                        _ => None,
+                    },
+                    ..Default::default()
+                }),
+                0o644,
+            ),
+            NewNode::Dir => (Ftype3::Dir, Content::Dir(Dir::new(dir)), 0o755),
+            NewNode::Symlink(target) => (Ftype3::Lnk, Content::Symlink(target.clone()), 0o777),
+            NewNode::Special(k, _) => (*k, Content::Node, 0o644),
+        };
+        let mut m = attrs.mode.unwrap_or(default_mode) & 0o7777;
+        if kind == Ftype3::Dir && sgid {
+            m |= 0o2000;
+        }
+        let inode = Inode {
+            attr: Attr {
+                kind,
+                mode: m,
+                nlink: if kind == Ftype3::Dir { 2 } else { 1 },
+                uid: if cred.uid == 0 {
+                    attrs.uid.unwrap_or(0)
+                } else {
+                    cred.uid
+                },
+                gid: attrs.gid.filter(|_| cred.uid == 0).unwrap_or(gid),
+                rdev: match node {
+                    NewNode::Special(_, r) => r,
+                    _ => SpecData3::default(),
+                },
+                atime: t,
+                mtime: t,
+                ctime: t,
+            },
+            content,
+        };
+        let ino = self.alloc_inode(inode)?;
+        let name = Bytes::copy_from_slice(name);
+        let d = self.dir_mut(dir)?;
+        d.insert(name, ino);
+        if kind == Ftype3::Dir {
+            d.subdirs += 1;
+        }
+        let dattr = &mut self.inode_mut(dir)?.attr;
+        if kind == Ftype3::Dir {
+            dattr.nlink += 1;
+        }
+        dattr.mtime = t;
+        dattr.ctime = t;
+        // Size and times asked for at creation (not for EXCLUSIVE, whose
+        // attributes come with a later SETATTR).
+        if matches!(node, NewNode::File) && !matches!(mode, CreateMode::Exclusive(_)) {
+            if let Some(size) = attrs.size.filter(|s| *s > 0) {
+                self.truncate(ino, size)?;
+            }
+        }
+        if !matches!(mode, CreateMode::Exclusive(_)) {
+            let a = &mut self.inode_mut(ino)?.attr;
+            if let SetTime::ClientTime(v) = attrs.atime {
+                a.atime = v;
+            }
+            if let SetTime::ClientTime(v) = attrs.mtime {
+                a.mtime = v;
+            }
+        }
+        Ok(ino)
+    }
+
+    fn create_existing(
+        &mut self,
+        existing: Ino,
+        cred: &Cred,
+        node: &NewNode,
+        mode: CreateMode,
+        attrs: &Sattr3,
+    ) -> SResult<Ino> {
+        match (node, mode) {
+            (NewNode::File, CreateMode::Exclusive(v)) => match &self.inode(existing)?.content {
+                Content::File(f) if f.create_verf == Some(v) => Ok(existing),
+                _ => Err(NfsStat3::Exist),
+            },
+            (NewNode::File, CreateMode::Unchecked) => {
+                if self.inode(existing)?.attr.kind != Ftype3::Reg {
+                    return Err(NfsStat3::Exist);
+                }
+                if let Some(size) = attrs.size {
+                    self.setattr(
+                        existing,
+                        cred,
+                        &Sattr3 {
+                            size: Some(size),
+                            ..Default::default()
+                        },
+                        None,
+                    )?;
+                }
+                Ok(existing)
+            }
+            _ => Err(NfsStat3::Exist),
+        }
+    }
+
+    fn sticky_denies(&self, dir: Ino, victim: Ino, cred: &Cred) -> SResult<bool> {
+        let d = &self.inode(dir)?.attr;
+        if d.mode & 0o1000 == 0 || cred.uid == 0 || cred.uid == d.uid {
+            return Ok(false);
+        }
+        Ok(self.inode(victim)?.attr.uid != cred.uid)
+    }
+
+    fn drop_link(&mut self, ino: Ino) -> SResult<()> {
+        let t = now();
+        let i = self.inode_mut(ino)?;
+        i.attr.nlink = i.attr.nlink.saturating_sub(1);
+        i.attr.ctime = t;
+        let dead = i.attr.nlink == 0 || (i.attr.kind == Ftype3::Dir && i.attr.nlink <= 1);
+        if dead {
+            self.free_inode(ino);
+        }
+        Ok(())
+    }
+
+    fn touch_dir(&mut self, dir: Ino) -> SResult<()> {
+        let t = now();
+        let a = &mut self.inode_mut(dir)?.attr;
+        a.mtime = t;
+        a.ctime = t;
+        Ok(())
+    }
+
+    /// REMOVE a non-directory.
+    pub fn remove(&mut self, dir: Ino, name: &[u8], cred: &Cred) -> SResult<()> {
+        self.check_dir_write(dir, cred)?;
+        if is_dot(name) {
+            return Err(NfsStat3::Inval);
+        }
+        check_name(name)?;
+        let victim = self.dir(dir)?.get(name).ok_or(NfsStat3::Noent)?;
+        if self.inode(victim)?.attr.kind == Ftype3::Dir {
+            return Err(NfsStat3::Isdir);
+        }
+        if self.sticky_denies(dir, victim, cred)? {
+            return Err(NfsStat3::Acces);
+        }
+        self.dir_mut(dir)?.remove(name);
+        self.touch_dir(dir)?;
+        self.drop_link(victim)
+    }
+
+    /// RMDIR an empty directory.
+    pub fn rmdir(&mut self, dir: Ino, name: &[u8], cred: &Cred) -> SResult<()> {
+        self.check_dir_write(dir, cred)?;
+        match name {
+            b"." => return Err(NfsStat3::Inval),
+            b".." => return Err(NfsStat3::Notempty),
+            _ => check_name(name)?,
+        }
+        let victim = self.dir(dir)?.get(name).ok_or(NfsStat3::Noent)?;
+        match &self.inode(victim)?.content {
+            Content::Dir(d) if d.is_empty() => {}
+            Content::Dir(_) => return Err(NfsStat3::Notempty),
+            _ => return Err(NfsStat3::Notdir),
+        }
+        if self.sticky_denies(dir, victim, cred)? {
+            return Err(NfsStat3::Acces);
+        }
+        let d = self.dir_mut(dir)?;
+        d.remove(name);
+        d.subdirs -= 1;
+        self.inode_mut(dir)?.attr.nlink -= 1;
+        self.touch_dir(dir)?;
+        self.free_inode(victim);
+        Ok(())
+    }
+
+    fn is_ancestor(&self, maybe_ancestor: Ino, mut ino: Ino) -> SResult<bool> {
+        loop {
+            if ino == maybe_ancestor {
+                return Ok(true);
+            }
+            let parent = self.dir(ino)?.parent;
+            if parent == ino {
+                return Ok(false);
+            }
+            ino = parent;
+        }
+    }
+
+    /// RENAME with POSIX rules: a file replaces a file, a directory replaces
+    /// an empty directory, a directory never moves into its own subtree.
+    pub fn rename(
+        &mut self,
+        from_dir: Ino,
+        from: &[u8],
+        to_dir: Ino,
+        to: &[u8],
+        cred: &Cred,
+    ) -> SResult<()> {
+        self.check_dir_write(from_dir, cred)?;
+        self.check_dir_write(to_dir, cred)?;
+        if is_dot(from) || is_dot(to) {
+            return Err(NfsStat3::Inval);
+        }
+        check_name(from)?;
+        check_name(to)?;
+        let src = self.dir(from_dir)?.get(from).ok_or(NfsStat3::Noent)?;
+        let src_is_dir = self.inode(src)?.attr.kind == Ftype3::Dir;
+        let target = self.dir(to_dir)?.get(to);
+        if target == Some(src) {
+            return Ok(());
+        }
+        if src_is_dir && self.is_ancestor(src, to_dir)? {
+            return Err(NfsStat3::Inval);
+        }
+        if self.sticky_denies(from_dir, src, cred)? {
+            return Err(NfsStat3::Acces);
+        }
+        if let Some(t) = target {
+            let t_is_dir = self.inode(t)?.attr.kind == Ftype3::Dir;
+            match (src_is_dir, t_is_dir) {
+                (true, false) => return Err(NfsStat3::Notdir),
+                (false, true) => return Err(NfsStat3::Isdir),
+                (true, true) if !self.dir(t)?.is_empty() => return Err(NfsStat3::Exist),
+                _ => {}
+            }
+            if self.sticky_denies(to_dir, t, cred)? {
+                return Err(NfsStat3::Acces);
+            }
+            self.dir_mut(to_dir)?.remove(to);
+            if t_is_dir {
+                self.dir_mut(to_dir)?.subdirs -= 1;
+                self.inode_mut(to_dir)?.attr.nlink -= 1;
+                self.free_inode(t);
+            } else {
+                self.drop_link(t)?;
+            }
+        }
+        self.dir_mut(from_dir)?.remove(from);
+        self.dir_mut(to_dir)?
+            .insert(Bytes::copy_from_slice(to), src);
+        if src_is_dir && from_dir != to_dir {
+            self.dir_mut(from_dir)?.subdirs -= 1;
+            self.inode_mut(from_dir)?.attr.nlink -= 1;
+            self.dir_mut(to_dir)?.subdirs += 1;
+            self.inode_mut(to_dir)?.attr.nlink += 1;
+            self.dir_mut(src)?.parent = to_dir;
+        }
+        self.touch_dir(from_dir)?;
+        self.touch_dir(to_dir)?;
+        self.inode_mut(src)?.attr.ctime = now();
+        Ok(())
+    }
+
+    /// LINK: a new name for a non-directory.
+    pub fn link(&mut self, file: Ino, dir: Ino, name: &[u8], cred: &Cred) -> SResult<()> {
+        self.check_dir_write(dir, cred)?;
+        if is_dot(name) {
+            return Err(NfsStat3::Exist);
+        }
+        check_name(name)?;
+        let a = &self.inode(file)?.attr;
+        if a.kind == Ftype3::Dir {
+            return Err(NfsStat3::Isdir);
+        }
+        if a.nlink >= LINK_MAX {
+            return Err(NfsStat3::Mlink);
+        }
+        if self.dir(dir)?.get(name).is_some() {
+            return Err(NfsStat3::Exist);
+        }
+        self.dir_mut(dir)?
+            .insert(Bytes::copy_from_slice(name), file);
+        self.touch_dir(dir)?;
+        let a = &mut self.inode_mut(file)?.attr;
+        a.nlink += 1;
+        a.ctime = now();
+        Ok(())
+    }
+
+    // ---- directories -------------------------------------------------------
+
+    /// The cookie verifier of a directory: it changes only when the
+    /// directory is replaced (a new inode generation).
+    pub fn cookieverf(&self, dir: Ino) -> [u8; 8] {
+        let g = self.slots.get(dir.0 as usize).map_or(0, |s| s.generation);
+        ((u64::from(g) << 32) | u64::from(dir.0)).to_be_bytes()
+    }
+
+    /// Directory entries after `cookie`, "." and ".." first. `fits` is
+    /// asked about each entry in turn and stops the listing when it returns
+    /// false. Returns the entries and whether the end was reached.
+    /// NFS3ERR_BAD_COOKIE for a cookie this directory never issued or a
+    /// verifier from another incarnation of it.
+    pub fn readdir(
+        &self,
+        dir: Ino,
+        cred: &Cred,
+        cookie: u64,
+        verf: [u8; 8],
+        mut fits: impl FnMut(&DirEntry) -> bool,
+    ) -> SResult<(Vec<DirEntry>, bool)> {
+        let d = self.dir(dir)?;
+        self.require(dir, cred, 4)?;
+        if cookie != 0 {
+            if verf != [0; 8] && verf != self.cookieverf(dir) {
+                return Err(NfsStat3::BadCookie);
+            }
+            if cookie >= d.next_cookie {
+                return Err(NfsStat3::BadCookie);
+            }
+        }
+        let mut out = Vec::new();
+        let dots = [(1u64, &b"."[..], dir), (2, &b".."[..], d.parent)];
+        for (c, name, ino) in dots {
+            if cookie < c {
+                let e = DirEntry {
+                    name: Bytes::from_static(name),
+                    cookie: c,
+                    ino,
+                };
+                if !fits(&e) {
+                    return Ok((out, false));
+                }
+                out.push(e);
+            }
+        }
+        let start = cookie.max(FIRST_ENTRY_COOKIE - 1) + 1;
+        for (c, (name, ino)) in d.entries.range(start..) {
+            let e = DirEntry {
+                name: name.clone(),
+                cookie: *c,
+                ino: *ino,
+            };
+            if !fits(&e) {
+                return Ok((out, false));
+            }
+            out.push(e);
+        }
+        Ok((out, true))
+    }
+
+    // ---- data --------------------------------------------------------------
+
+    /// READ up to `count` bytes at `offset`: the data as pieces of the
+    /// file's blocks (holes are zeros), and whether the end was reached.
+    pub fn read(&self, ino: Ino, cred: &Cred, offset: u64, count: u32) -> SResult<(Payload, bool)> {
+        let i = self.inode(ino)?;
+        let f = match &i.content {
+            Content::File(f) => f,
+            Content::Dir(_) => return Err(NfsStat3::Isdir),
+            _ => return Err(NfsStat3::Inval),
+        };
+        // The owner may read a file it cannot (an open file keeps access).
+        if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 4) {
+            return Err(NfsStat3::Acces);
+        }
+        if offset >= f.size {
+            return Ok((Payload::new(), true));
+        }
+        let end = f.size.min(offset.saturating_add(u64::from(count)));
+        let mut out = Payload::new();
+        let mut pos = offset;
+        while pos < end {
+            let bi = pos / BLOCK_SIZE as u64;
+            let in_block = (pos % BLOCK_SIZE as u64) as usize;
+            let take = ((end - pos) as usize).min(BLOCK_SIZE - in_block);
+            if self.config.null {
+                out.push(zeros(take));
+            } else {
+                match f.blocks.get(&bi) {
+                    Some(b) => {
+                        let cap = b.capacity();
+                        let from_block = take.min(cap.saturating_sub(in_block));
+                        if from_block > 0 {
+                            out.push(b.slice(in_block..in_block + from_block));
+                        }
+                        if from_block < take {
+                            out.push(zeros(take - from_block));
+                        }
+                    }
+                    None => out.push(zeros(take)),
+                }
+            }
+            pos += take as u64;
+        }
+        Ok((out, end >= f.size))
+    }
+
+    /// WRITE `data` at `offset`. The owner may write a file whose mode
+    /// forbids it (as an open file keeps its access).
+    pub fn write(&mut self, ino: Ino, cred: &Cred, offset: u64, data: &Payload) -> SResult<()> {
+        {
+            let i = self.inode(ino)?;
+            match &i.content {
+                Content::File(_) => {}
+                Content::Dir(_) => return Err(NfsStat3::Isdir),
+                _ => return Err(NfsStat3::Inval),
+            }
+            if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
+                return Err(NfsStat3::Acces);
+            }
+        }
+        let len = data.len() as u64;
+        let end = offset.checked_add(len).ok_or(NfsStat3::Fbig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(NfsStat3::Fbig);
+        }
+        let t = now();
+        if !self.config.null && len > 0 {
+            self.write_blocks(ino, offset, data)?;
+        }
+        let i = self.inode_mut(ino)?;
+        if let Content::File(f) = &mut i.content {
+            f.size = f.size.max(end);
+        }
+        i.attr.mtime = t;
+        i.attr.ctime = t;
+        // A write by someone other than root clears set-id bits.
+        if cred.uid != 0 {
+            i.attr.mode &= !0o6000;
+        }
+        Ok(())
+    }
+
+    fn write_blocks(&mut self, ino: Ino, offset: u64, data: &Payload) -> SResult<()> {
+        let end = offset + data.len() as u64;
+        let capacity = self.config.capacity_bytes;
+        let used_now = self.used_bytes;
+        let i = self.slots[ino.0 as usize]
+            .inode
+            .as_mut()
+            .ok_or(NfsStat3::Stale)?;
+        let Content::File(f) = &mut i.content else {
+            return Err(NfsStat3::Inval);
+        };
+        let new_size = f.size.max(end);
+        let first = offset / BLOCK_SIZE as u64;
+        let last = (end - 1) / BLOCK_SIZE as u64;
+        // Work out the memory needed first, so that NFS3ERR_NOSPC leaves the
+        // file untouched.
+        let mut grow = 0u64;
+        for bi in first..=last {
+            let end_in_block = ((end - bi * BLOCK_SIZE as u64) as usize).min(BLOCK_SIZE);
+            let want = block_size_for(new_size, end_in_block);
+            let have = f.blocks.get(&bi).map_or(0, Block::capacity);
+            if want > have {
+                grow += (want - have) as u64;
+            }
+        }
+        if used_now + grow > capacity {
+            return Err(NfsStat3::Nospc);
+        }
+        let mut src_part = 0usize;
+        let mut src_off = 0usize;
+        let parts = data.parts();
+        let mut pos = offset;
+        for bi in first..=last {
+            let block_start = bi * BLOCK_SIZE as u64;
+            let in_block = (pos - block_start) as usize;
+            let end_in_block = ((end - block_start) as usize).min(BLOCK_SIZE);
+            let want = block_size_for(new_size, end_in_block);
+            let old_cap = f.blocks.get(&bi).map_or(0, Block::capacity);
+            let mut block = match f.blocks.remove(&bi) {
+                None => Block::new(self.source.as_ref(), want).ok_or(NfsStat3::Nospc)?,
+                Some(b) if b.capacity() < want || b.is_shared() => {
+                    // Grow a small block, or copy one a reader still holds.
+                    let size = want.max(b.capacity());
+                    b.copy_resized(self.source.as_ref(), size, b.capacity())
+                        .ok_or(NfsStat3::Nospc)?
+                }
+                Some(b) => b,
+            };
+            let dst = block.get_mut().expect("block is unique here");
+            let mut at = in_block;
+            while at < end_in_block {
+                let p = &parts[src_part];
+                let n = (p.len() - src_off).min(end_in_block - at);
+                dst[at..at + n].copy_from_slice(&p[src_off..src_off + n]);
+                at += n;
+                src_off += n;
+                if src_off == p.len() {
+                    src_part += 1;
+                    src_off = 0;
+                }
+            }
+            let new_cap = block.capacity() as u64;
+            f.used = f.used + new_cap - old_cap as u64;
+            self.used_bytes = self.used_bytes + new_cap - old_cap as u64;
+            pos = block_start + end_in_block as u64;
+            f.blocks.insert(bi, block);
+        }
+        debug_assert_eq!(pos, end);
+        Ok(())
+    }
+
+    fn truncate(&mut self, ino: Ino, size: u64) -> SResult<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(NfsStat3::Fbig);
+        }
+        let null = self.config.null;
+        let i = self.slots[ino.0 as usize]
+            .inode
+            .as_mut()
+            .ok_or(NfsStat3::Stale)?;
+        let Content::File(f) = &mut i.content else {
+            return Err(NfsStat3::Inval);
+        };
+        if size < f.size && !null {
+            let keep_blocks = size.div_ceil(BLOCK_SIZE as u64);
+            f.blocks.split_off(&keep_blocks);
+            // Zero the tail of the last kept block, so that a later
+            // extension reads zeros there.
+            let tail = (size % BLOCK_SIZE as u64) as usize;
+            if tail > 0 {
+                if let Some(b) = f.blocks.get_mut(&(keep_blocks - 1)) {
+                    if tail < b.capacity() {
+                        if b.is_shared() {
+                            let copy = b
+                                .copy_resized(self.source.as_ref(), b.capacity(), tail)
+                                .ok_or(NfsStat3::Nospc)?;
+                            *b = copy;
+                        } else {
+                            b.get_mut().expect("unique")[tail..].fill(0);
+                        }
+                    }
+                }
+            }
+            let before = f.used;
+            f.used = f.blocks.values().map(|b| b.capacity() as u64).sum();
+            self.used_bytes = self.used_bytes - before + f.used;
+        }
+        f.size = size;
+        let t = now();
+        i.attr.mtime = t;
+        i.attr.ctime = t;
+        Ok(())
+    }
+
+    // ---- file system -------------------------------------------------------
+
+    /// (total bytes, free bytes, total inodes, free inodes).
+    pub fn fsstat(&self) -> (u64, u64, u64, u64) {
+        (
+            self.config.capacity_bytes,
+            self.config.capacity_bytes.saturating_sub(self.used_bytes),
+            self.config.max_inodes,
+            self.config.max_inodes.saturating_sub(self.inodes),
+        )
+    }
+}
+
+fn parse_handle(fh: &[u8]) -> SResult<(u32, u64, u32, u32)> {
+    if fh.len() != HANDLE_LEN || fh[..4] != HANDLE_MAGIC {
+        return Err(NfsStat3::Badhandle);
+    }
+    let u32_at = |i: usize| u32::from_be_bytes(fh[i..i + 4].try_into().expect("4 bytes"));
+    let fileid = u64::from_be_bytes(fh[8..16].try_into().expect("8 bytes"));
+    Ok((u32_at(4), fileid, u32_at(16), u32_at(20)))
+}
+
+/// The fsid a handle claims, to route it to its export; `None` when it is
+/// not one of ours.
+pub fn handle_fsid(fh: &[u8]) -> Option<u32> {
+    parse_handle(fh).ok().map(|(fsid, ..)| fsid)
+}
+
+fn mode_allows(a: &Attr, c: &Cred, want: u32) -> bool {
+    if c.uid == 0 {
+        // Root reads and writes anything; it executes only what has an x
+        // bit somewhere (directories are always searchable).
+        if want & 1 != 0 && a.kind != Ftype3::Dir && a.mode & 0o111 == 0 {
+            return false;
+        }
+        return true;
+    }
+    let bits = if c.uid == a.uid {
+        (a.mode >> 6) & 7
+    } else if c.in_group(a.gid) {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    };
+    bits & want == want
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,660 @@
+//! Store semantics: names, links, rename rules, cookies, sparse data,
+//! capacity, handles.
+
+use super::*;
+
+fn store() -> Store {
+    Store::new(StoreConfig::default())
+}
+
+fn user(uid: u32) -> Cred {
+    Cred {
+        uid,
+        gid: uid,
+        gids: vec![],
+    }
+}
+
+fn mkfile(fs: &mut Fs, dir: Ino, name: &str) -> Ino {
+    fs.create(
+        dir,
+        name.as_bytes(),
+        &Cred::root(),
+        NewNode::File,
+        CreateMode::Guarded,
+        &Sattr3::default(),
+    )
+    .unwrap()
+}
+
+fn mkdir(fs: &mut Fs, dir: Ino, name: &str) -> Ino {
+    fs.create(
+        dir,
+        name.as_bytes(),
+        &Cred::root(),
+        NewNode::Dir,
+        CreateMode::Guarded,
+        &Sattr3::default(),
+    )
+    .unwrap()
+}
+
+fn names(fs: &Fs, dir: Ino) -> Vec<String> {
+    let (e, eof) = fs.readdir(dir, &Cred::root(), 0, [0; 8], |_| true).unwrap();
+    assert!(eof);
+    e.iter()
+        .map(|e| String::from_utf8(e.name.to_vec()).unwrap())
+        .collect()
+}
+
+fn write(fs: &mut Fs, ino: Ino, off: u64, data: &[u8]) {
+    fs.write(ino, &Cred::root(), off, &Payload::from(data.to_vec()))
+        .unwrap();
+}
+
+fn read(fs: &Fs, ino: Ino, off: u64, n: u32) -> (Vec<u8>, bool) {
+    let (p, eof) = fs.read(ino, &Cred::root(), off, n).unwrap();
+    (p.bytes().collect(), eof)
+}
+
+#[test]
+fn create_lookup_and_names() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "a");
+    assert_eq!(fs.lookup(root, b"a", &Cred::root()).unwrap(), f);
+    assert_eq!(fs.lookup(root, b".", &Cred::root()).unwrap(), root);
+    assert_eq!(fs.lookup(root, b"..", &Cred::root()).unwrap(), root);
+    assert_eq!(fs.lookup(root, b"b", &Cred::root()), Err(NfsStat3::Noent));
+    assert_eq!(fs.lookup(f, b"x", &Cred::root()), Err(NfsStat3::Notdir));
+    let long = vec![b'x'; 256];
+    assert_eq!(
+        fs.create(
+            root,
+            &long,
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Guarded,
+            &Sattr3::default()
+        ),
+        Err(NfsStat3::Nametoolong)
+    );
+    assert_eq!(
+        fs.create(
+            root,
+            b"a/b",
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Guarded,
+            &Sattr3::default()
+        ),
+        Err(NfsStat3::Acces)
+    );
+    assert_eq!(
+        fs.create(
+            root,
+            b"a",
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Guarded,
+            &Sattr3::default()
+        ),
+        Err(NfsStat3::Exist)
+    );
+    // UNCHECKED on an existing file returns it.
+    assert_eq!(
+        fs.create(
+            root,
+            b"a",
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Unchecked,
+            &Sattr3::default()
+        ),
+        Ok(f)
+    );
+    assert_eq!(names(&fs, root), vec![".", "..", "a"]);
+}
+
+#[test]
+fn exclusive_create_is_idempotent_per_verifier() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let c = |fs: &mut Fs, v| {
+        fs.create(
+            root,
+            b"x",
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Exclusive(v),
+            &Sattr3::default(),
+        )
+    };
+    let a = c(&mut fs, [1; 8]).unwrap();
+    assert_eq!(c(&mut fs, [1; 8]), Ok(a), "a retransmission succeeds");
+    assert_eq!(c(&mut fs, [2; 8]), Err(NfsStat3::Exist));
+    // After SETATTR the verifier is gone: the same verifier now fails.
+    fs.setattr(
+        a,
+        &Cred::root(),
+        &Sattr3 {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(c(&mut fs, [1; 8]), Err(NfsStat3::Exist));
+}
+
+#[test]
+fn link_counts() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    assert_eq!(fs.getattr(root).unwrap().nlink, 2);
+    let d = mkdir(&mut fs, root, "d");
+    assert_eq!(fs.getattr(root).unwrap().nlink, 3);
+    assert_eq!(fs.getattr(d).unwrap().nlink, 2);
+    let f = mkfile(&mut fs, root, "f");
+    fs.link(f, d, b"g", &Cred::root()).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().nlink, 2);
+    assert_eq!(fs.link(f, d, b"g", &Cred::root()), Err(NfsStat3::Exist));
+    assert_eq!(fs.link(d, root, b"dd", &Cred::root()), Err(NfsStat3::Isdir));
+    fs.remove(root, b"f", &Cred::root()).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().nlink, 1);
+    assert_eq!(fs.lookup(d, b"g", &Cred::root()).unwrap(), f);
+    let h = fs.handle(f);
+    fs.remove(d, b"g", &Cred::root()).unwrap();
+    assert_eq!(fs.resolve(&h), Err(NfsStat3::Stale));
+    fs.rmdir(root, b"d", &Cred::root()).unwrap();
+    assert_eq!(fs.getattr(root).unwrap().nlink, 2);
+}
+
+#[test]
+fn remove_and_rmdir_rules() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let d = mkdir(&mut fs, root, "d");
+    mkfile(&mut fs, d, "f");
+    assert_eq!(fs.remove(root, b"d", &Cred::root()), Err(NfsStat3::Isdir));
+    assert_eq!(fs.rmdir(root, b"d", &Cred::root()), Err(NfsStat3::Notempty));
+    assert_eq!(fs.rmdir(d, b"f", &Cred::root()), Err(NfsStat3::Notdir));
+    assert_eq!(fs.rmdir(root, b".", &Cred::root()), Err(NfsStat3::Inval));
+    assert_eq!(
+        fs.remove(root, b"nope", &Cred::root()),
+        Err(NfsStat3::Noent)
+    );
+    fs.remove(d, b"f", &Cred::root()).unwrap();
+    fs.rmdir(root, b"d", &Cred::root()).unwrap();
+    assert_eq!(names(&fs, root), vec![".", ".."]);
+}
+
+#[test]
+fn rename_posix_rules() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let r = Cred::root();
+    let a = mkdir(&mut fs, root, "a");
+    let b = mkdir(&mut fs, a, "b");
+    let f = mkfile(&mut fs, root, "f");
+    let g = mkfile(&mut fs, root, "g");
+    let empty = mkdir(&mut fs, root, "empty");
+    let full = mkdir(&mut fs, root, "full");
+    mkfile(&mut fs, full, "x");
+
+    // A directory never moves into its own subtree.
+    assert_eq!(fs.rename(root, b"a", b, b"a2", &r), Err(NfsStat3::Inval));
+    assert_eq!(fs.rename(root, b"a", a, b"self", &r), Err(NfsStat3::Inval));
+    // File over file replaces it; the replaced inode is gone.
+    let gh = fs.handle(g);
+    fs.rename(root, b"f", root, b"g", &r).unwrap();
+    assert_eq!(fs.lookup(root, b"g", &r).unwrap(), f);
+    assert_eq!(fs.resolve(&gh), Err(NfsStat3::Stale));
+    // File over directory, directory over file.
+    assert_eq!(
+        fs.rename(root, b"g", root, b"empty", &r),
+        Err(NfsStat3::Isdir)
+    );
+    assert_eq!(
+        fs.rename(root, b"empty", root, b"g", &r),
+        Err(NfsStat3::Notdir)
+    );
+    // Directory over a non-empty directory is refused, over an empty one
+    // replaces it.
+    assert_eq!(
+        fs.rename(root, b"a", root, b"full", &r),
+        Err(NfsStat3::Exist)
+    );
+    let links_before = fs.getattr(root).unwrap().nlink;
+    let empty_handle = fs.handle(empty);
+    fs.rename(root, b"a", root, b"empty", &r).unwrap();
+    assert_eq!(fs.resolve(&empty_handle), Err(NfsStat3::Stale));
+    assert_eq!(fs.lookup(root, b"empty", &r).unwrap(), a);
+    assert_eq!(fs.getattr(root).unwrap().nlink, links_before - 1);
+    // Across directories: ".." follows, parent link counts move.
+    fs.rename(a, b"b", full, b"b", &r).unwrap();
+    assert_eq!(fs.lookup(b, b"..", &r).unwrap(), full);
+    assert_eq!(fs.getattr(a).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(full).unwrap().nlink, 3);
+    // Renaming a name onto another name of the same file does nothing.
+    fs.link(f, root, b"f2", &r).unwrap();
+    fs.rename(root, b"g", root, b"f2", &r).unwrap();
+    assert!(fs.lookup(root, b"g", &r).is_ok());
+    assert_eq!(
+        fs.rename(root, b"nope", root, b"x", &r),
+        Err(NfsStat3::Noent)
+    );
+}
+
+#[test]
+fn cookies_survive_changes() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    for i in 0..10 {
+        mkfile(&mut fs, root, &format!("f{i}"));
+    }
+    let verf = fs.cookieverf(root);
+    // Read ". .. f0 f1 f2" then stop.
+    let mut n = 0;
+    let (first, eof) = fs
+        .readdir(root, &Cred::root(), 0, [0; 8], |_| {
+            n += 1;
+            n <= 5
+        })
+        .unwrap();
+    assert!(!eof);
+    assert_eq!(first.len(), 5);
+    let cookie = first.last().unwrap().cookie;
+    // Remove the entry the cookie points at and one before it, add new ones.
+    fs.remove(root, b"f2", &Cred::root()).unwrap();
+    fs.remove(root, b"f0", &Cred::root()).unwrap();
+    mkfile(&mut fs, root, "new");
+    let (rest, eof) = fs
+        .readdir(root, &Cred::root(), cookie, verf, |_| true)
+        .unwrap();
+    assert!(eof);
+    let got: Vec<_> = rest
+        .iter()
+        .map(|e| String::from_utf8(e.name.to_vec()).unwrap())
+        .collect();
+    assert_eq!(got, vec!["f3", "f4", "f5", "f6", "f7", "f8", "f9", "new"]);
+    // A cookie never issued, or a verifier of another directory, is refused.
+    assert_eq!(
+        fs.readdir(root, &Cred::root(), 10_000, verf, |_| true)
+            .err(),
+        Some(NfsStat3::BadCookie)
+    );
+    assert_eq!(
+        fs.readdir(root, &Cred::root(), cookie, [9; 8], |_| true)
+            .err(),
+        Some(NfsStat3::BadCookie)
+    );
+}
+
+#[test]
+fn sparse_files_read_zeros_and_use_no_memory_for_holes() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "sparse");
+    write(&mut fs, f, 10 << 20, b"end");
+    let a = fs.getattr(f).unwrap();
+    assert_eq!(a.size, (10 << 20) + 3);
+    assert_eq!(
+        a.used,
+        blocks::BLOCK_SIZE as u64,
+        "only the written block is held"
+    );
+    let (d, eof) = read(&fs, f, (10 << 20) - 5, 100);
+    assert_eq!(d, b"\0\0\0\0\0end");
+    assert!(eof);
+    let (d, eof) = read(&fs, f, 12345, 1000);
+    assert_eq!(d, vec![0u8; 1000]);
+    assert!(!eof);
+    let free_before = fs.fsstat().1;
+    // Truncate down then up: the old bytes read as zeros, and the block
+    // past the new end is given back.
+    write(&mut fs, f, 0, b"hello world");
+    fs.setattr(
+        f,
+        &Cred::root(),
+        &Sattr3 {
+            size: Some(5),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    fs.setattr(
+        f,
+        &Cred::root(),
+        &Sattr3 {
+            size: Some(11),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(read(&fs, f, 0, 100).0, b"hello\0\0\0\0\0\0");
+    assert_eq!(fs.getattr(f).unwrap().used, blocks::BLOCK_SIZE as u64);
+    assert_eq!(
+        fs.fsstat().1,
+        free_before,
+        "block 0 taken, block 160 given back"
+    );
+}
+
+#[test]
+fn data_round_trips_across_blocks_and_small_blocks_grow() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, b"abc");
+    assert_eq!(fs.getattr(f).unwrap().used, blocks::MIN_BLOCK as u64);
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    // Written in two pieces to exercise multi-part payloads.
+    let p = Payload::from_parts([
+        Bytes::copy_from_slice(&big[..1000]),
+        Bytes::copy_from_slice(&big[1000..]),
+    ]);
+    fs.write(f, &Cred::root(), 100, &p).unwrap();
+    let (d, eof) = read(&fs, f, 0, 400_000);
+    assert!(eof);
+    assert_eq!(&d[..3], b"abc");
+    assert_eq!(&d[100..], &big[..]);
+    // Every block of a file at least one block long is full size.
+    assert_eq!(fs.getattr(f).unwrap().used, 5 * blocks::BLOCK_SIZE as u64);
+}
+
+#[test]
+fn reads_share_block_memory_and_writes_do_not_change_them() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, &[1u8; 100_000]);
+    let (p, _) = fs.read(f, &Cred::root(), 0, 4096).unwrap();
+    assert_eq!(p.parts().len(), 1, "a read inside one block is one piece");
+    let snapshot = p.to_contiguous();
+    // A write to the same range while the reader holds the bytes copies
+    // the block; the reader's bytes stay as they were.
+    write(&mut fs, f, 0, &[2u8; 10]);
+    assert_eq!(p.to_contiguous(), snapshot);
+    assert!(p.bytes().all(|b| b == 1));
+    assert_eq!(read(&fs, f, 0, 10).0, vec![2u8; 10]);
+    // A read spanning two blocks is two pieces.
+    let (p, _) = fs
+        .read(f, &Cred::root(), blocks::BLOCK_SIZE as u64 - 10, 20)
+        .unwrap();
+    assert_eq!(p.parts().len(), 2);
+}
+
+#[test]
+fn capacity_gives_nospc_and_leaves_file_untouched() {
+    let s = Store::new(StoreConfig {
+        capacity_bytes: 256 * 1024,
+        max_inodes: 4,
+        ..Default::default()
+    });
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, &[7u8; 200_000]);
+    let r = fs.write(
+        f,
+        &Cred::root(),
+        200_000,
+        &Payload::from(vec![1u8; 100_000]),
+    );
+    assert_eq!(r, Err(NfsStat3::Nospc));
+    assert_eq!(fs.getattr(f).unwrap().size, 200_000);
+    let (t, free, ti, fi) = fs.fsstat();
+    assert_eq!(t, 256 * 1024);
+    assert_eq!(free, 256 * 1024 - 4 * blocks::BLOCK_SIZE as u64);
+    assert_eq!((ti, fi), (4, 2));
+    // Inodes run out too (root + f + 2 more).
+    mkfile(&mut fs, root, "g");
+    mkfile(&mut fs, root, "h");
+    assert_eq!(
+        fs.create(
+            root,
+            b"i",
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Guarded,
+            &Sattr3::default()
+        ),
+        Err(NfsStat3::Nospc)
+    );
+    // Removing a file gives its memory back.
+    fs.remove(root, b"f", &Cred::root()).unwrap();
+    assert_eq!(fs.fsstat().1, 256 * 1024);
+}
+
+#[test]
+fn handles_detect_forgery_truncation_and_reuse() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    let h = fs.handle(f);
+    assert_eq!(h.len(), HANDLE_LEN);
+    assert_eq!(fs.resolve(&h), Ok(f));
+    assert_eq!(fs.resolve(&h[..10]), Err(NfsStat3::Badhandle));
+    assert_eq!(fs.resolve(b""), Err(NfsStat3::Badhandle));
+    let mut forged = h.to_vec();
+    forged[15] ^= 1; // another fileid, check value no longer matches
+    assert_eq!(fs.resolve(&forged), Err(NfsStat3::Badhandle));
+    // The slot is reused with a new generation: the old handle is stale.
+    fs.remove(root, b"f", &Cred::root()).unwrap();
+    let g = mkfile(&mut fs, root, "g");
+    assert_eq!(g, f, "slot reused");
+    assert_eq!(fs.resolve(&h), Err(NfsStat3::Stale));
+    assert_ne!(fs.handle(g), h);
+    // A handle of another store (another fsid) is not ours.
+    let other = Store::new(StoreConfig {
+        fsid: 2,
+        ..Default::default()
+    });
+    let oh = other.read().handle(other.read().root());
+    assert_eq!(fs.resolve(&oh), Err(NfsStat3::Badhandle));
+    assert_eq!(handle_fsid(&oh), Some(2));
+}
+
+#[test]
+fn permissions() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let alice = user(1000);
+    let bob = user(1001);
+    // Root makes a world-writable sticky directory.
+    let tmp = mkdir(&mut fs, root, "tmp");
+    fs.setattr(
+        tmp,
+        &Cred::root(),
+        &Sattr3 {
+            mode: Some(0o1777),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let create = |fs: &mut Fs, c: &Cred, name: &str, mode| {
+        fs.create(
+            tmp,
+            name.as_bytes(),
+            c,
+            NewNode::File,
+            CreateMode::Guarded,
+            &Sattr3 {
+                mode: Some(mode),
+                ..Default::default()
+            },
+        )
+    };
+    let af = create(&mut fs, &alice, "a", 0o444).unwrap();
+    assert_eq!(fs.getattr(af).unwrap().uid, 1000);
+    // The owner writes a file its mode makes read-only (as after open()).
+    fs.write(af, &alice, 0, &Payload::from("x")).unwrap();
+    // Others cannot.
+    assert_eq!(
+        fs.write(af, &bob, 0, &Payload::from("x")),
+        Err(NfsStat3::Acces)
+    );
+    // Sticky: bob cannot remove or rename alice's file.
+    assert_eq!(fs.remove(tmp, b"a", &bob), Err(NfsStat3::Acces));
+    assert_eq!(fs.rename(tmp, b"a", tmp, b"b", &bob), Err(NfsStat3::Acces));
+    // Bob cannot create in root (0755, owned by root).
+    assert_eq!(
+        fs.create(
+            root,
+            b"x",
+            &bob,
+            NewNode::File,
+            CreateMode::Guarded,
+            &Sattr3::default()
+        ),
+        Err(NfsStat3::Acces)
+    );
+    // chmod by a non-owner, chown by a non-root.
+    assert_eq!(
+        fs.setattr(
+            af,
+            &bob,
+            &Sattr3 {
+                mode: Some(0o777),
+                ..Default::default()
+            },
+            None
+        ),
+        Err(NfsStat3::Perm)
+    );
+    assert_eq!(
+        fs.setattr(
+            af,
+            &alice,
+            &Sattr3 {
+                uid: Some(0),
+                ..Default::default()
+            },
+            None
+        ),
+        Err(NfsStat3::Perm)
+    );
+    // ACCESS reflects the mode bits; a read-only export withholds writes.
+    let got = fs.access(af, &bob, 0x3f, false).unwrap();
+    assert_eq!(got, access::READ);
+    let got = fs.access(tmp, &bob, 0x3f, false).unwrap();
+    assert_eq!(
+        got,
+        access::READ | access::LOOKUP | access::MODIFY | access::EXTEND | access::DELETE
+    );
+    let got = fs.access(tmp, &bob, 0x3f, true).unwrap();
+    assert_eq!(got, access::READ | access::LOOKUP);
+    // Root may not execute a file without any x bit.
+    assert_eq!(
+        fs.access(af, &Cred::root(), access::EXECUTE, false)
+            .unwrap(),
+        0
+    );
+    // The SETATTR guard.
+    let ctime = fs.getattr(af).unwrap().ctime;
+    let stale = NfsTime3 {
+        seconds: ctime.seconds.wrapping_sub(1),
+        ..ctime
+    };
+    assert_eq!(
+        fs.setattr(
+            af,
+            &alice,
+            &Sattr3 {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+            Some(stale)
+        ),
+        Err(NfsStat3::NotSync)
+    );
+    fs.setattr(
+        af,
+        &alice,
+        &Sattr3 {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+        Some(ctime),
+    )
+    .unwrap();
+}
+
+#[test]
+fn symlinks_and_nodes() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let l = fs
+        .create(
+            root,
+            b"l",
+            &Cred::root(),
+            NewNode::Symlink(Bytes::from_static(b"/target/path")),
+            CreateMode::Guarded,
+            &Sattr3::default(),
+        )
+        .unwrap();
+    assert_eq!(&fs.readlink(l).unwrap()[..], b"/target/path");
+    assert_eq!(fs.getattr(l).unwrap().type_, Ftype3::Lnk);
+    assert_eq!(fs.readlink(root), Err(NfsStat3::Inval));
+    let n = fs
+        .create(
+            root,
+            b"null",
+            &Cred::root(),
+            NewNode::Special(
+                Ftype3::Chr,
+                SpecData3 {
+                    specdata1: 1,
+                    specdata2: 3,
+                },
+            ),
+            CreateMode::Guarded,
+            &Sattr3::default(),
+        )
+        .unwrap();
+    let a = fs.getattr(n).unwrap();
+    assert_eq!(
+        (a.type_, a.rdev.specdata1, a.rdev.specdata2),
+        (Ftype3::Chr, 1, 3)
+    );
+    assert_eq!(
+        fs.read(n, &Cred::root(), 0, 10).err(),
+        Some(NfsStat3::Inval)
+    );
+    assert_eq!(
+        fs.read(root, &Cred::root(), 0, 10).err(),
+        Some(NfsStat3::Isdir)
+    );
+}
+
+#[test]
+fn null_store_discards_data() {
+    let s = Store::new(StoreConfig {
+        null: true,
+        ..Default::default()
+    });
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, &[9u8; 100_000]);
+    let a = fs.getattr(f).unwrap();
+    assert_eq!((a.size, a.used), (100_000, 0));
+    assert_eq!(read(&fs, f, 0, 10).0, vec![0u8; 10]);
+}
