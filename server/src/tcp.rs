@@ -81,6 +81,7 @@ impl TcpServer {
     /// Accepts connections until `shutdown` turns true, then waits for the
     /// calls in flight to finish.
     pub async fn serve(&self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+        let mut conns = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
                 r = listener.accept() => match r {
@@ -94,17 +95,20 @@ impl TcpServer {
                             peer,
                         };
                         let sd = shutdown.clone();
-                        tokio::spawn(async move { conn.run(stream, sd).await });
+                        conns.spawn(async move { conn.run(stream, sd).await });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     }
                 },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 _ = shutdown.changed() => break,
             }
         }
-        // Wait for the calls in flight: take every worker permit.
+        // Each connection stops reading, sends the replies of its calls in
+        // flight, and closes.
+        while conns.join_next().await.is_some() {}
         let n = self.config.workers.max(1) as u32;
         let _all = self.workers.acquire_many(n).await;
     }

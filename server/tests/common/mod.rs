@@ -1,0 +1,187 @@
+//! Shared helpers of the server's integration tests: an in-process server
+//! on a loopback port and a raw RPC-over-TCP client.
+#![allow(dead_code)]
+
+use bytes::{Bytes, BytesMut};
+use nfsrdma_server::exports::Exports;
+use nfsrdma_server::service::{Service, ServiceConfig};
+use nfsrdma_server::store::StoreConfig;
+use nfsrdma_server::tcp::{TcpConfig, TcpServer};
+use nfsrdma_xdr::nfs3::{self, Nfs3Args, Nfs3Res, NfsFh3};
+use nfsrdma_xdr::record::{marker, RecordReader};
+use nfsrdma_xdr::rpc::{AcceptStat, AuthSysParms, OpaqueAuth, ReplyBody, RpcMessage};
+use nfsrdma_xdr::{mount, BoundedVec, Decoder, Xdr};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub service: Arc<Service>,
+    pub stats: Arc<nfsrdma_server::tcp::TcpStats>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    rt: Option<tokio::runtime::Runtime>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub fn start(exports: &str, tcp: TcpConfig) -> TestServer {
+        let rules = Exports::parse(exports).unwrap();
+        let ex = Service::exports_from_rules(&rules, &StoreConfig::default());
+        let service = Arc::new(Service::new(ex, ServiceConfig::default()));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let server = TcpServer::new(service.clone(), tcp);
+        let stats = server.stats();
+        let task = rt.spawn(async move { server.serve(listener, rx).await });
+        TestServer {
+            addr,
+            service,
+            stats,
+            shutdown: tx,
+            rt: Some(rt),
+            task: Some(task),
+        }
+    }
+
+    /// Stops accepting and waits for calls in flight.
+    pub fn stop(&mut self) {
+        let _ = self.shutdown.send(true);
+        if let (Some(rt), Some(task)) = (self.rt.as_ref(), self.task.take()) {
+            let _ = rt.block_on(task);
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+pub fn root_cred() -> OpaqueAuth {
+    OpaqueAuth::auth_sys(&AuthSysParms {
+        stamp: 0,
+        machinename: "test".into(),
+        uid: 0,
+        gid: 0,
+        gids: BoundedVec(vec![]),
+    })
+}
+
+/// A blocking RPC client that speaks raw records.
+pub struct RawClient {
+    pub s: TcpStream,
+    reader: RecordReader,
+    pub cred: OpaqueAuth,
+    next_xid: u32,
+}
+
+impl RawClient {
+    pub fn connect(addr: SocketAddr) -> RawClient {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        RawClient {
+            s,
+            reader: RecordReader::new(64 << 20),
+            cred: root_cred(),
+            next_xid: 1000,
+        }
+    }
+
+    pub fn xid(&mut self) -> u32 {
+        self.next_xid += 1;
+        self.next_xid
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.s.write_all(bytes)
+    }
+
+    pub fn send_record(&mut self, rec: &[u8]) -> std::io::Result<()> {
+        let mut b = marker(rec.len() as u32, true).to_vec();
+        b.extend_from_slice(rec);
+        self.s.write_all(&b)
+    }
+
+    pub fn call_bytes(&self, xid: u32, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> Bytes {
+        let mut b = BytesMut::new();
+        RpcMessage::call(xid, prog, vers, proc_, self.cred.clone()).encode(&mut b);
+        b.extend_from_slice(args);
+        b.freeze()
+    }
+
+    /// The next record, `None` when the server closed the connection.
+    pub fn recv(&mut self) -> Option<Bytes> {
+        loop {
+            match self.reader.next_record() {
+                Ok(Some(r)) => return Some(r),
+                Ok(None) => {}
+                Err(e) => panic!("bad record from server: {e}"),
+            }
+            let mut buf = [0u8; 65536];
+            match self.s.read(&mut buf) {
+                Ok(0) => return None,
+                Ok(n) => self.reader.extend(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// Sends a call and returns the reply header and the decoder at its
+    /// results.
+    pub fn call(&mut self, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> (RpcMessage, Decoder) {
+        let xid = self.xid();
+        let c = self.call_bytes(xid, prog, vers, proc_, args);
+        self.send_record(&c).unwrap();
+        let r = self.recv().expect("reply");
+        let mut d = Decoder::new(r);
+        let h = RpcMessage::decode(&mut d).unwrap();
+        assert_eq!(h.xid, xid);
+        (h, d)
+    }
+
+    pub fn nfs(&mut self, args: Nfs3Args) -> Nfs3Res {
+        let mut a = BytesMut::new();
+        args.encode(&mut a);
+        let (h, mut d) = self.call(nfs3::PROGRAM, 3, args.proc_() as u32, &a);
+        assert_success(&h);
+        Nfs3Res::decode(args.proc_(), &mut d).unwrap()
+    }
+
+    pub fn mount(&mut self, path: &str) -> NfsFh3 {
+        let mut a = BytesMut::new();
+        mount::DirPath::new(path.as_bytes().to_vec()).encode(&mut a);
+        let (h, mut d) = self.call(mount::PROGRAM, 3, mount::proc_::MNT, &a);
+        assert_success(&h);
+        match mount::MountRes3::decode(&mut d).unwrap() {
+            mount::MountRes3::Ok(ok) => NfsFh3(ok.fhandle.0),
+            mount::MountRes3::Err(e) => panic!("mount {path}: {e:?}"),
+        }
+    }
+}
+
+pub fn accept_stat(h: &RpcMessage) -> Option<AcceptStat> {
+    match h.as_reply() {
+        Some(ReplyBody::Accepted(a)) => Some(a.stat),
+        _ => None,
+    }
+}
+
+pub fn assert_success(h: &RpcMessage) {
+    assert_eq!(accept_stat(h), Some(AcceptStat::Success), "{h:?}");
+}
