@@ -5,3 +5,5 @@
 //! module (`rdma::verbs`), the one place that talks to libibverbs and
 //! librdmacm.
 #![deny(unsafe_code)]
+
+pub mod rdma;
