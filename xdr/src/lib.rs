@@ -107,13 +107,15 @@ pub trait XdrSink {
     /// Appends raw bytes.
     fn put_raw(&mut self, bytes: &[u8]);
 
-    /// Appends a DDP-eligible payload (the contents of an opaque, without its
-    /// length word and without padding). The default copies it; a sink may
-    /// instead keep references to its pieces. The caller writes the padding.
+    /// Appends a DDP-eligible payload: the contents of an opaque (after its
+    /// length word) and its XDR padding. The default copies it; a sink may
+    /// instead keep references to its pieces, or (an RPC-over-RDMA sender)
+    /// move contents and padding out of the stream into a chunk.
     fn put_payload(&mut self, payload: &Payload) {
         for p in payload.parts() {
             self.put_raw(p);
         }
+        self.put_padding(pad_len(payload.len()));
     }
 
     /// Appends a big-endian u32.
@@ -195,6 +197,7 @@ impl XdrSink for IoVecSink {
             self.parts.push(p.clone());
             self.len += p.len();
         }
+        self.put_padding(pad_len(payload.len()));
     }
 }
 
@@ -207,7 +210,7 @@ impl XdrSink for CountingSink {
         self.0 += bytes.len();
     }
     fn put_payload(&mut self, payload: &Payload) {
-        self.0 += payload.len();
+        self.0 += roundup(payload.len());
     }
 }
 
@@ -224,7 +227,8 @@ pub struct Decoder {
 /// have started at stream offset `position`, and they are taken from `data`.
 #[derive(Debug, Clone)]
 struct DdpItem {
-    position: usize,
+    /// `None`: the first DDP-eligible item, wherever it is.
+    position: Option<usize>,
     data: Payload,
 }
 
@@ -247,7 +251,25 @@ impl Decoder {
         Decoder {
             buf,
             consumed: 0,
-            ddp: Some(DdpItem { position, data }),
+            ddp: Some(DdpItem {
+                position: Some(position),
+                data,
+            }),
+        }
+    }
+
+    /// A decoder over a reduced stream whose first DDP-eligible item was
+    /// moved out of it, wherever that item is: how a requester decodes a
+    /// reply whose READ data or READLINK path arrived in a Write chunk (the
+    /// Write list carries no positions).
+    pub fn with_ddp_first(buf: Bytes, data: Payload) -> Self {
+        Decoder {
+            buf,
+            consumed: 0,
+            ddp: Some(DdpItem {
+                position: None,
+                data,
+            }),
         }
     }
 
@@ -396,7 +418,11 @@ impl Decoder {
                 max: max.into(),
             });
         }
-        if self.ddp.as_ref().map(|d| d.position) == Some(self.consumed) {
+        if self
+            .ddp
+            .as_ref()
+            .is_some_and(|d| d.position.is_none_or(|p| p == self.consumed))
+        {
             let item = self.ddp.take().expect("checked above");
             if item.data.len() != len as usize {
                 return Err(XdrError::Invalid {
@@ -542,7 +568,6 @@ pub fn encode_opaque<S: XdrSink + ?Sized>(s: &mut S, data: &[u8]) {
 pub fn encode_payload<S: XdrSink + ?Sized>(s: &mut S, data: &Payload) {
     s.put_u32_be(data.len() as u32);
     s.put_payload(data);
-    s.put_padding(pad_len(data.len()));
 }
 
 /// A counted array (`T x<MAX>`) whose maximum is `MAX` elements.

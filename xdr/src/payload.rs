@@ -91,6 +91,27 @@ impl Payload {
         }
     }
 
+    /// The bytes in `range`, sharing this payload's pieces (no copy).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Payload {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "slice out of range"
+        );
+        let mut out = Payload::new();
+        let mut at = 0usize;
+        for p in self.parts() {
+            let (s, e) = (at, at + p.len());
+            at = e;
+            if e <= range.start || s >= range.end {
+                continue;
+            }
+            let from = range.start.max(s) - s;
+            let to = range.end.min(e) - s;
+            out.push(p.slice(from..to));
+        }
+        out
+    }
+
     /// Iterates over every byte (for checksums and tests).
     pub fn bytes(&self) -> impl Iterator<Item = u8> + '_ {
         self.parts().iter().flat_map(|p| p.iter().copied())
@@ -192,6 +213,20 @@ mod tests {
         let mut out = [0u8; 5];
         c.copy_to_slice(&mut out);
         assert_eq!(&out, b"abcde");
+    }
+
+    #[test]
+    fn slices_share_pieces() {
+        let a = Payload::from_parts([
+            Bytes::from_static(b"abc"),
+            Bytes::from_static(b"defg"),
+            Bytes::from_static(b"hi"),
+        ]);
+        assert_eq!(a.slice(0..9), a);
+        assert_eq!(a.slice(2..8).to_contiguous(), Bytes::from_static(b"cdefgh"));
+        assert_eq!(a.slice(2..8).parts().len(), 3);
+        assert_eq!(a.slice(3..7).parts().len(), 1);
+        assert!(a.slice(4..4).is_empty());
     }
 
     #[test]
