@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod exports;
+pub mod rdma;
 pub mod rpcbind;
 pub mod service;
 pub mod store;

@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use nfsrdma_server::exports::{ExportOptions, Exports};
+use nfsrdma_server::rdma::{RdmaConfig, RdmaListener};
 use nfsrdma_server::rpcbind;
 use nfsrdma_server::service::{Service, ServiceConfig};
 use nfsrdma_server::store::StoreConfig;
@@ -13,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// An in-memory NFSv3 server (TCP; RPC-over-RDMA to come).
+/// An in-memory NFSv3 server over TCP and RPC-over-RDMA.
 #[derive(Parser, Debug)]
 #[command(name = "nfsrdmad", version)]
 struct Args {
@@ -33,6 +34,24 @@ struct Args {
     /// Do not register with the local rpcbind.
     #[arg(long)]
     no_rpcbind: bool,
+    /// RPC-over-RDMA address [default: 0.0.0.0:20049]. Given explicitly, a
+    /// failure to listen is fatal; by default the daemon carries on over
+    /// TCP when the machine has no RDMA device.
+    #[arg(long, value_name = "ADDR")]
+    rdma: Option<SocketAddr>,
+    /// Do not listen for RPC-over-RDMA.
+    #[arg(long, conflicts_with = "rdma")]
+    no_rdma: bool,
+    /// RDMA credits granted per connection [default: 128].
+    #[arg(long, value_name = "N")]
+    credits: Option<u32>,
+    /// RDMA inline threshold, both directions (1K..256K) [default: 4K].
+    #[arg(long, value_name = "SIZE")]
+    inline: Option<String>,
+    /// How RDMA connection threads wait for completions: busy, event,
+    /// adaptive or adaptive:<microseconds> [default: event].
+    #[arg(long, value_name = "MODE")]
+    poll: Option<String>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
@@ -56,6 +75,10 @@ struct Config {
     exports: Option<PathBuf>,
     tcp: Option<SocketAddr>,
     rpcbind: Option<bool>,
+    rdma: Option<SocketAddr>,
+    credits: Option<u32>,
+    inline: Option<String>,
+    poll: Option<String>,
     capacity: Option<String>,
     max_inodes: Option<u64>,
     workers: Option<usize>,
@@ -148,6 +171,29 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| "0.0.0.0:2049".parse().expect("valid address"));
     let use_rpcbind = !args.no_rpcbind && cfg.rpcbind.unwrap_or(true);
 
+    let mut rdma = RdmaConfig::default();
+    let rdma_explicit = args.rdma.or(cfg.rdma);
+    if let Some(a) = rdma_explicit {
+        rdma.addr = a;
+    }
+    if let Some(c) = args.credits.or(cfg.credits) {
+        if c == 0 {
+            bail!("--credits must be at least 1");
+        }
+        rdma.credits = c;
+    }
+    if let Some(s) = args.inline.as_ref().or(cfg.inline.as_ref()) {
+        let n = parse_size(s).context("--inline")?;
+        if !(1024..=256 * 1024).contains(&n) || n % 1024 != 0 {
+            bail!("--inline must be a multiple of 1K between 1K and 256K");
+        }
+        rdma.inline_size = n as u32;
+    }
+    if let Some(p) = args.poll.as_ref().or(cfg.poll.as_ref()) {
+        rdma.poll = p.parse().context("--poll")?;
+    }
+    let rdma = (!args.no_rdma).then_some((rdma, rdma_explicit.is_some()));
+
     let exports = Service::exports_from_rules(&rules, &store);
     for e in &exports {
         tracing::info!(path = %e.path, fsid = e.store.fsid(), "export");
@@ -158,7 +204,7 @@ fn main() -> Result<()> {
         .enable_all()
         .thread_name("nfsrdmad")
         .build()?;
-    rt.block_on(run(service, addr, tcp, use_rpcbind))
+    rt.block_on(run(service, addr, tcp, use_rpcbind, rdma))
 }
 
 async fn run(
@@ -166,6 +212,7 @@ async fn run(
     addr: SocketAddr,
     tcp: TcpConfig,
     use_rpcbind: bool,
+    rdma: Option<(RdmaConfig, bool)>,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let listener = tokio::net::TcpListener::bind(addr)
@@ -175,6 +222,24 @@ async fn run(
     tracing::info!(addr = %local, "serving NFSv3 and MOUNT v3 over TCP");
     // Tests and scripts read this line to learn the port.
     println!("nfsrdmad: listening on tcp {local}");
+
+    let mut rdma_listener = None;
+    if let Some((cfg, explicit)) = rdma {
+        let addr = cfg.addr;
+        let per_conn = cfg.memory_per_connection();
+        match RdmaListener::start(service.clone(), cfg) {
+            Ok(l) => {
+                tracing::info!(addr = %addr, memory_per_connection = per_conn, "serving NFSv3 over RPC-over-RDMA");
+                println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());
+                rdma_listener = Some(l);
+            }
+            Err(e) if !explicit => {
+                tracing::warn!(error = %e, "RPC-over-RDMA not available; serving TCP only")
+            }
+            Err(e) => return Err(e).with_context(|| format!("RDMA listener on {addr}")),
+        }
+    }
+    let rdma_stats = rdma_listener.as_ref().map(|l| l.stats());
 
     let rpcbind_addr: SocketAddr = ([127, 0, 0, 1], nfsrdma_xdr::portmap::PORT).into();
     let mut registered = false;
@@ -211,12 +276,20 @@ async fn run(
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = usr1.recv() => eprint!("{}", service.metrics().report()),
+            _ = usr1.recv() => {
+                eprint!("{}", service.metrics().report());
+                if let Some(s) = &rdma_stats {
+                    eprint!("{}", s.report());
+                }
+            }
         }
     }
     tracing::info!("shutting down: finishing calls in flight");
     let _ = tx.send(true);
     let _ = serving.await;
+    if let Some(mut l) = rdma_listener {
+        tokio::task::spawn_blocking(move || l.stop()).await?;
+    }
     if registered {
         let _ = tokio::task::spawn_blocking(move || {
             for (p, v) in [
@@ -229,5 +302,8 @@ async fn run(
         .await;
     }
     eprint!("{}", service.metrics().report());
+    if let Some(s) = &rdma_stats {
+        eprint!("{}", s.report());
+    }
     Ok(())
 }

@@ -541,6 +541,36 @@ impl CmId {
         u16::from_be(unsafe { rdma_get_src_port(self.ptr()) })
     }
 
+    /// The peer's address: for an id from a connect request, the
+    /// connecting side; for a resolved id, the destination. `None` for an
+    /// address family other than IPv4/IPv6 (or an unset address).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: live id. `route.addr.dst_addr` is a union the size of a
+        // sockaddr_storage, filled by librdmacm for connect-request and
+        // resolved ids (zero otherwise); only the bytes of the struct its
+        // family names are read.
+        unsafe {
+            let sa: *const libc::sockaddr = rdma_sys::rdma_get_peer_addr(&*self.ptr());
+            match i32::from((*sa).sa_family) {
+                libc::AF_INET => {
+                    let a = &*sa.cast::<libc::sockaddr_in>();
+                    Some(SocketAddr::from((
+                        a.sin_addr.s_addr.to_ne_bytes(),
+                        u16::from_be(a.sin_port),
+                    )))
+                }
+                libc::AF_INET6 => {
+                    let a = &*sa.cast::<libc::sockaddr_in6>();
+                    Some(SocketAddr::from((
+                        a.sin6_addr.s6_addr,
+                        u16::from_be(a.sin6_port),
+                    )))
+                }
+                _ => None,
+            }
+        }
+    }
+
     /// Starts resolving `dst` (and binding to a device); completes with
     /// [`CmEventKind::AddrResolved`] or `AddrError`.
     pub fn resolve_addr(

@@ -1,0 +1,871 @@
+//! Serving NFSv3 over RPC-over-RDMA version 1 (RFC 8166): the responder
+//! driver.
+//!
+//! A connection manager thread listens (port 20049 by default), reads the
+//! requester's RFC 8797 message from the connect request and answers with
+//! ours, and sets each connection up: a completion queue, an RC queue pair,
+//! receive buffers posted before the first credit is granted, send buffers,
+//! and chunk buffers for RDMA Read and Write data. Each connection then has
+//! a thread that waits for completions (busy, event or adaptive polling)
+//! and carries out what the protocol core in
+//! [`nfsrdma_transport::rpcrdma::responder`] decides: RDMA Reads to
+//! assemble a call, the call through the [`Service`], RDMA Writes of the
+//! reply's chunk data, then the Send (with invalidate when allowed), which
+//! the queue pair orders after the Writes.
+//!
+//! Every region the server registers has local access only: the server
+//! never hands an rkey to a peer.
+//!
+//! Limits respected with queuing, not failure: the send queue depth, the
+//! RDMA Read depth agreed with the peer (initiator depth), and the number
+//! of chunk buffers.
+//!
+//! A completion error (the peer's memory refused a Read or Write, the peer
+//! went away) ends that connection only: its queue pair is flushed and
+//! everything it held is released.
+
+use crate::service::{CallContext, Service};
+use bytes::Bytes;
+use nfsrdma_transport::rdma::engine::PollMode;
+use nfsrdma_transport::rdma::verbs::{
+    Access, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionQueue, ConnParam,
+    ConnectRequest, EventChannel, MemoryRegion, ProtectionDomain, QpCaps, QueuePair, RecvWr,
+    RemoteBuf, SendFlags, SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
+};
+use nfsrdma_transport::rpcrdma::responder::{
+    self, Fault, IncomingCall, Received, ReplyShape, ResponderConfig,
+};
+use nfsrdma_xdr::rpc::RpcMessage;
+use nfsrdma_xdr::rpcrdma::{CmPrivate, RdmaError};
+use nfsrdma_xdr::{Payload, Xdr};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// RDMA listener settings.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// Address to listen on.
+    pub addr: SocketAddr,
+    /// Credits granted (and receive buffers posted) per connection.
+    pub credits: u32,
+    /// Our inline threshold, both directions (advertised in the RFC 8797
+    /// message; 1 KiB .. 256 KiB).
+    pub inline_size: u32,
+    /// Largest READ/WRITE payload (sizes the chunk buffers).
+    pub max_io: u32,
+    /// Chunk buffers per connection: calls with chunks in progress at once.
+    pub chunk_buffers: usize,
+    /// How connection threads wait for completions.
+    pub poll: PollMode,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            addr: ([0, 0, 0, 0], 20049).into(),
+            credits: 128,
+            inline_size: 4096,
+            max_io: 1 << 20,
+            chunk_buffers: 4,
+            poll: PollMode::Event,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// Bytes of registered memory one connection holds: receive buffers ×
+    /// credits, send buffers, chunk buffers.
+    pub fn memory_per_connection(&self) -> usize {
+        let inline = CmPrivate::representable(self.inline_size) as usize;
+        let slots = self.credits as usize;
+        slots * inline + slots * inline + self.chunk_buffers * self.chunk_size()
+    }
+
+    fn chunk_size(&self) -> usize {
+        self.max_io as usize + 64 * 1024
+    }
+}
+
+/// Counters of the RDMA transport (totals over all connections).
+#[derive(Debug, Default)]
+pub struct RdmaStats {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Calls received.
+    pub calls: AtomicU64,
+    /// Calls that arrived entirely inline.
+    pub inline_calls: AtomicU64,
+    /// Calls with Read chunks.
+    pub chunked_calls: AtomicU64,
+    /// Replies sent inline.
+    pub inline_replies: AtomicU64,
+    /// Replies sent through the Reply chunk.
+    pub reply_chunk_replies: AtomicU64,
+    /// Bytes moved by RDMA Read.
+    pub read_bytes: AtomicU64,
+    /// Bytes moved by RDMA Write.
+    pub write_bytes: AtomicU64,
+    /// Plain Sends.
+    pub sends: AtomicU64,
+    /// Sends With Invalidate.
+    pub sends_with_inv: AtomicU64,
+    /// RDMA_ERROR ERR_VERS sent.
+    pub err_vers: AtomicU64,
+    /// RDMA_ERROR ERR_CHUNK sent.
+    pub err_chunk: AtomicU64,
+    /// Messages dropped without a reply.
+    pub discarded: AtomicU64,
+    /// The last credit grant.
+    pub credits_granted: AtomicU64,
+    /// Payload bytes copied between chunk buffers and the store.
+    pub payload_copies: AtomicU64,
+    /// Connections ended by an error.
+    pub errors: AtomicU64,
+}
+
+impl RdmaStats {
+    /// A one-paragraph report.
+    pub fn report(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
+             RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {}, RDMA_ERROR vers {} chunk {}, \
+             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}\n",
+            g(&self.connections),
+            g(&self.open),
+            g(&self.calls),
+            g(&self.inline_calls),
+            g(&self.chunked_calls),
+            g(&self.inline_replies),
+            g(&self.reply_chunk_replies),
+            g(&self.read_bytes),
+            g(&self.write_bytes),
+            g(&self.sends),
+            g(&self.sends_with_inv),
+            g(&self.err_vers),
+            g(&self.err_chunk),
+            g(&self.discarded),
+            g(&self.credits_granted),
+            g(&self.payload_copies),
+            g(&self.errors),
+        )
+    }
+}
+
+/// A running RDMA listener.
+pub struct RdmaListener {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<RdmaStats>,
+}
+
+impl RdmaListener {
+    /// Binds, listens and starts the connection manager thread. Fails (with
+    /// the verbs layer's "no RDMA device" message when there is none) if
+    /// the address cannot be bound.
+    pub fn start(service: Arc<Service>, cfg: RdmaConfig) -> Result<RdmaListener, VerbsError> {
+        let channel = EventChannel::new()?;
+        let listen = CmId::new(&channel)?;
+        listen.bind_addr(cfg.addr)?;
+        listen.listen(64)?;
+        let port = listen.local_port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(RdmaStats::default());
+        let (s2, st2) = (stop.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("rdma-cm".into())
+            .spawn(move || cm_loop(channel, listen, service, cfg, s2, st2))
+            .map_err(|e| VerbsError::Call {
+                call: "spawn",
+                source: e,
+            })?;
+        Ok(RdmaListener {
+            port,
+            stop,
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// The port listened on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<RdmaStats> {
+        self.stats.clone()
+    }
+
+    /// Stops listening, disconnects every connection and waits for their
+    /// threads.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RdmaListener {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct ConnHandle {
+    id: Arc<CmId>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ConnHandle {
+    fn shut(mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.id.disconnect();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn cm_loop(
+    channel: Arc<EventChannel>,
+    _listen: CmId,
+    service: Arc<Service>,
+    cfg: RdmaConfig,
+    stop: Arc<AtomicBool>,
+    stats: Arc<RdmaStats>,
+) {
+    let mut conns: HashMap<CmIdHandle, ConnHandle> = HashMap::new();
+    while !stop.load(Ordering::Acquire) {
+        conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
+        let ev = match channel.get_event(Some(Duration::from_millis(100))) {
+            Ok(ev) => ev,
+            Err(VerbsError::Timeout { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "RDMA connection manager event");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        match ev.kind {
+            CmEventKind::ConnectRequest => {
+                let Some(req) = ev.into_request() else {
+                    continue;
+                };
+                match accept(req, &service, &cfg, &stats) {
+                    Ok(c) => {
+                        conns.insert(c.id.handle(), c);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "RDMA connection refused"),
+                }
+            }
+            CmEventKind::Disconnected
+            | CmEventKind::DeviceRemoval
+            | CmEventKind::ConnectError
+            | CmEventKind::Unreachable
+            | CmEventKind::Rejected => {
+                if let Some(c) = conns.remove(&ev.id) {
+                    c.shut();
+                }
+            }
+            _ => {}
+        }
+    }
+    for (_, c) in conns.drain() {
+        c.shut();
+    }
+}
+
+/// Chooses both sides' parameters and accepts.
+fn accept(
+    req: ConnectRequest,
+    service: &Arc<Service>,
+    cfg: &RdmaConfig,
+    stats: &Arc<RdmaStats>,
+) -> Result<ConnHandle, VerbsError> {
+    let peer_msg = CmPrivate::from_peer(Some(&req.param.private_data));
+    let ours = CmPrivate::representable(cfg.inline_size);
+    let peer = req.id.peer_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
+    let ctx = req.id.context()?;
+    let attrs = ctx.query()?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let channel = CompletionChannel::new(&ctx)?;
+    let credits = cfg.credits.max(1);
+    let send_slots = credits as usize;
+    let sq_depth = (4 * credits).min(attrs.max_qp_wr.max(64));
+    let cq = CompletionQueue::new(&ctx, sq_depth + credits + 16, Some(&channel))?;
+    let caps = QpCaps {
+        max_send_wr: sq_depth,
+        max_recv_wr: credits,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = req.id.create_qp(&pd, &cq, &cq, caps)?;
+    let recv_mr = MemoryRegion::new(&pd, credits as usize * ours as usize, Access::LOCAL)?;
+    let send_mr = MemoryRegion::new(&pd, send_slots * ours as usize, Access::LOCAL)?;
+    let chunk_mr = MemoryRegion::new(
+        &pd,
+        cfg.chunk_buffers.max(1) * cfg.chunk_size(),
+        Access::LOCAL,
+    )?;
+    // Receives go up before the first credit is granted.
+    for slot in 0..credits as usize {
+        let sge = recv_mr.sge(slot * ours as usize, ours as usize)?;
+        qp.post_recv_one(wr(Kind::Recv, slot as u64), &[sge])?;
+    }
+    // In the request as the listener sees it, `initiator_depth` bounds the
+    // RDMA Reads we may have outstanding towards the peer and
+    // `responder_resources` the peer's Reads we must serve (none, in this
+    // protocol); both within the device's limits.
+    let read_depth = req
+        .param
+        .initiator_depth
+        .min(attrs.max_qp_init_rd_atom.min(255) as u8)
+        .max(1);
+    let accept_param = ConnParam {
+        private_data: CmPrivate {
+            remote_invalidation: false,
+            send_size: ours,
+            recv_size: ours,
+        }
+        .encode()
+        .to_vec(),
+        responder_resources: req
+            .param
+            .responder_resources
+            .min(attrs.max_qp_rd_atom.min(255) as u8),
+        initiator_depth: read_depth,
+        ..ConnParam::default()
+    };
+    let id = Arc::new(req.id);
+    id.accept(&accept_param)?;
+    stats.connections.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        peer = %peer,
+        credits,
+        inline_send = peer_msg.recv_size.min(ours),
+        remote_invalidation = peer_msg.remote_invalidation,
+        read_depth,
+        "RDMA connection"
+    );
+    let conn = Conn {
+        service: service.clone(),
+        ctx: CallContext { peer },
+        rcfg: ResponderConfig {
+            inline_send: peer_msg.recv_size.min(ours),
+            inline_recv: ours,
+            credits,
+            remote_invalidation: peer_msg.remote_invalidation,
+            max_call: cfg.chunk_size() as u64,
+        },
+        qp,
+        cq,
+        channel,
+        recv_mr,
+        send_mr,
+        chunk_mr,
+        slot_size: ours as usize,
+        chunk_size: cfg.chunk_size(),
+        free_send: (0..send_slots).collect(),
+        free_chunks: (0..cfg.chunk_buffers.max(1)).collect(),
+        sq_free: sq_depth as usize,
+        reads_free: usize::from(read_depth),
+        queue: VecDeque::new(),
+        reading: HashMap::new(),
+        next_call: 0,
+        poll: cfg.poll,
+        stats: stats.clone(),
+        id: id.clone(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let st = stats.clone();
+    let thread = std::thread::Builder::new()
+        .name("rdma-conn".into())
+        .spawn(move || {
+            st.open.fetch_add(1, Ordering::Relaxed);
+            let mut conn = conn;
+            if let Err(e) = conn.run(&s2) {
+                st.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(peer = %conn.ctx.peer, error = %e, "RDMA connection ended");
+                let _ = conn.id.disconnect();
+            }
+            st.open.fetch_sub(1, Ordering::Relaxed);
+        })
+        .map_err(|e| VerbsError::Call {
+            call: "spawn",
+            source: e,
+        })?;
+    Ok(ConnHandle {
+        id,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Recv = 1,
+    Send = 2,
+    Read = 3,
+    Write = 4,
+}
+
+/// wr_id: kind in the top byte, a value below.
+fn wr(kind: Kind, v: u64) -> u64 {
+    ((kind as u64) << 56) | (v & ((1 << 56) - 1))
+}
+
+fn wr_kind(id: u64) -> u64 {
+    id >> 56
+}
+
+fn wr_val(id: u64) -> u64 {
+    id & ((1 << 56) - 1)
+}
+
+/// A send's value: send slot, and the chunk buffer to release (or none).
+fn send_val(slot: usize, chunk: Option<usize>) -> u64 {
+    ((chunk.map_or(0xffff, |c| c as u64)) << 32) | slot as u64
+}
+
+/// A received message waiting for resources.
+enum Pending {
+    /// Not yet classified.
+    Message(Bytes),
+    /// A call waiting for a chunk buffer.
+    Call(IncomingCall),
+}
+
+/// A call whose Read chunks are being read.
+struct Reading {
+    call: IncomingCall,
+    chunk: usize,
+    reads_left: usize,
+    started: Instant,
+}
+
+struct Conn {
+    service: Arc<Service>,
+    ctx: CallContext,
+    rcfg: ResponderConfig,
+    qp: Arc<QueuePair>,
+    cq: Arc<CompletionQueue>,
+    channel: Arc<CompletionChannel>,
+    recv_mr: Arc<MemoryRegion>,
+    send_mr: Arc<MemoryRegion>,
+    chunk_mr: Arc<MemoryRegion>,
+    slot_size: usize,
+    chunk_size: usize,
+    free_send: Vec<usize>,
+    free_chunks: Vec<usize>,
+    /// Send queue entries not in use.
+    sq_free: usize,
+    /// RDMA Reads we may still start.
+    reads_free: usize,
+    queue: VecDeque<Pending>,
+    reading: HashMap<u64, Reading>,
+    next_call: u64,
+    poll: PollMode,
+    stats: Arc<RdmaStats>,
+    id: Arc<CmId>,
+}
+
+/// Why a connection ends.
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    #[error("work request {0:#x} failed: {1}")]
+    Completion(u64, String),
+}
+
+impl Conn {
+    fn run(&mut self, stop: &AtomicBool) -> Result<(), ConnError> {
+        let mut wcs = Vec::with_capacity(64);
+        let mut last_work = Instant::now();
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            wcs.clear();
+            self.cq.poll(&mut wcs, 64)?;
+            if wcs.is_empty() {
+                let wait = match self.poll {
+                    PollMode::Busy => false,
+                    PollMode::Event => true,
+                    PollMode::Adaptive { spin } => last_work.elapsed() >= spin,
+                };
+                if wait {
+                    self.cq.req_notify(false)?;
+                    // Completions that came before arming.
+                    self.cq.poll(&mut wcs, 64)?;
+                    if wcs.is_empty() {
+                        self.channel.get_event(Some(Duration::from_millis(50)))?;
+                        continue;
+                    }
+                } else {
+                    std::hint::spin_loop();
+                    continue;
+                }
+            }
+            last_work = Instant::now();
+            for wc in wcs.drain(..) {
+                self.completion(wc)?;
+            }
+            self.drain_queue()?;
+        }
+    }
+
+    fn completion(&mut self, wc: WorkCompletion) -> Result<(), ConnError> {
+        if let Err(e) = wc.status {
+            return Err(ConnError::Completion(wc.wr_id, e.to_string()));
+        }
+        let v = wr_val(wc.wr_id);
+        match wr_kind(wc.wr_id) {
+            k if k == Kind::Recv as u64 => {
+                let slot = v as usize;
+                let off = slot * self.slot_size;
+                let msg = Bytes::from(self.recv_mr.to_vec(off, wc.byte_len as usize)?);
+                // The buffer was copied out: it goes straight back up.
+                let sge = self.recv_mr.sge(off, self.slot_size)?;
+                self.qp
+                    .post_recv(&[RecvWr {
+                        wr_id: wc.wr_id,
+                        sges: &[sge],
+                    }])?;
+                self.queue.push_back(Pending::Message(msg));
+            }
+            k if k == Kind::Send as u64 => {
+                self.sq_free += 1;
+                self.free_send.push((v & 0xffff_ffff) as usize);
+                let chunk = (v >> 32) as usize;
+                if chunk != 0xffff {
+                    self.free_chunks.push(chunk);
+                }
+            }
+            k if k == Kind::Write as u64 => {
+                self.sq_free += 1;
+            }
+            k if k == Kind::Read as u64 => {
+                self.sq_free += 1;
+                self.reads_free += 1;
+                debug_assert_eq!(wc.opcode, WcOpcode::RdmaRead);
+                let done = match self.reading.get_mut(&v) {
+                    Some(r) => {
+                        r.reads_left -= 1;
+                        r.reads_left == 0
+                    }
+                    None => false,
+                };
+                if done {
+                    let r = self.reading.remove(&v).expect("present");
+                    self.finish_reads(r)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Works through waiting messages while resources last.
+    fn drain_queue(&mut self) -> Result<(), ConnError> {
+        while let Some(p) = self.queue.pop_front() {
+            // Every message may need a send slot; a call with chunks also a
+            // chunk buffer. Wait (keep it queued, in order) until they are
+            // free.
+            if self.free_send.is_empty() || self.sq_free < 2 {
+                self.queue.push_front(p);
+                return Ok(());
+            }
+            let received = match p {
+                Pending::Message(m) => responder::receive(m, &self.rcfg),
+                Pending::Call(c) => Received::Call(c),
+            };
+            if let Received::Call(c) = &received {
+                let needs_chunk =
+                    c.needs_reads() || !c.write_list.is_empty() || c.reply_chunk.is_some();
+                if needs_chunk && self.free_chunks.is_empty() {
+                    let Received::Call(c) = received else {
+                        unreachable!()
+                    };
+                    self.queue.push_front(Pending::Call(c));
+                    return Ok(());
+                }
+            }
+            self.message(received)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one classified message (its resources are available).
+    fn message(&mut self, received: Received) -> Result<(), ConnError> {
+        match received {
+            Received::Discard(why) => {
+                self.stats.discarded.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(peer = %self.ctx.peer, why, "RDMA message dropped");
+            }
+            Received::Error { reply, fault } => {
+                match fault {
+                    Fault::Vers => self.stats.err_vers.fetch_add(1, Ordering::Relaxed),
+                    Fault::Chunk(why) => {
+                        tracing::debug!(peer = %self.ctx.peer, why, "ERR_CHUNK");
+                        self.stats.err_chunk.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+                self.post_send(&reply, &[], None, None)?;
+            }
+            Received::Call(call) => {
+                self.stats.calls.fetch_add(1, Ordering::Relaxed);
+                if call.needs_reads() {
+                    self.stats.chunked_calls.fetch_add(1, Ordering::Relaxed);
+                    self.start_reads(call)?;
+                } else {
+                    self.stats.inline_calls.fetch_add(1, Ordering::Relaxed);
+                    let chunk = if call.write_list.is_empty() && call.reply_chunk.is_none() {
+                        None
+                    } else {
+                        Some(self.free_chunks.pop().expect("checked above"))
+                    };
+                    self.execute(call, Vec::new(), chunk)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_reads(&mut self, call: IncomingCall) -> Result<(), ConnError> {
+        let chunk = self.free_chunks.pop().expect("checked by message()");
+        let base = chunk * self.chunk_size;
+        let id = self.next_call;
+        self.next_call += 1;
+        let segments: Vec<_> = call
+            .read_chunks
+            .iter()
+            .flat_map(|c| c.segments.iter().copied())
+            .collect();
+        let mut at = 0usize;
+        let n = segments.len();
+        self.reading.insert(
+            id,
+            Reading {
+                call,
+                chunk,
+                reads_left: n,
+                started: Instant::now(),
+            },
+        );
+        for seg in segments {
+            // Respect the RDMA Read depth and the send queue: wait for
+            // completions (handling them) until there is room.
+            while self.reads_free == 0 || self.sq_free == 0 {
+                let mut wcs = Vec::new();
+                if self.cq.poll(&mut wcs, 16)? == 0 {
+                    std::hint::spin_loop();
+                }
+                for wc in wcs {
+                    self.completion(wc)?;
+                }
+            }
+            let sge = self.chunk_mr.sge(base + at, seg.length as usize)?;
+            self.qp.post_send(&[SendWr {
+                wr_id: wr(Kind::Read, id),
+                op: SendOp::RdmaRead {
+                    sges: &[sge],
+                    remote: RemoteBuf {
+                        addr: seg.offset,
+                        len: seg.length,
+                        rkey: seg.handle,
+                    },
+                },
+                flags: SendFlags::SIGNALED,
+            }])?;
+            self.reads_free -= 1;
+            self.sq_free -= 1;
+            self.stats
+                .read_bytes
+                .fetch_add(u64::from(seg.length), Ordering::Relaxed);
+            at += seg.length as usize;
+        }
+        Ok(())
+    }
+
+    fn finish_reads(&mut self, r: Reading) -> Result<(), ConnError> {
+        let base = r.chunk * self.chunk_size;
+        let mut at = base;
+        let mut data = Vec::with_capacity(r.call.read_chunks.len());
+        for c in &r.call.read_chunks {
+            let len = c.total_len() as usize;
+            data.push(Payload::from(self.chunk_mr.to_vec(at, len)?));
+            self.stats
+                .payload_copies
+                .fetch_add(len as u64, Ordering::Relaxed);
+            at += len;
+        }
+        tracing::trace!(xid = r.call.xid, took = ?r.started.elapsed(), "chunks read");
+        self.execute(r.call, data, Some(r.chunk))
+    }
+
+    /// Runs the call and sends the reply; `chunk` is the chunk buffer the
+    /// call holds (released when its Send completes).
+    fn execute(
+        &mut self,
+        call: IncomingCall,
+        data: Vec<Payload>,
+        chunk: Option<usize>,
+    ) -> Result<(), ConnError> {
+        let xid = call.xid;
+        let mut d = match call.assemble(data) {
+            Ok(d) => d,
+            Err(_) => return self.send_error(xid, chunk),
+        };
+        let header = match RpcMessage::decode(&mut d) {
+            Ok(h) if h.xid == xid => h,
+            // An RPC header that does not decode, or whose XID is not the
+            // transport header's: a chunk/header fault.
+            _ => return self.send_error(xid, chunk),
+        };
+        let Some(body) = header.as_call() else {
+            return self.send_error(xid, chunk);
+        };
+        let Some(reply) = self.service.handle_call(&self.ctx, xid, body, d) else {
+            // A retransmission still in progress: no reply.
+            if let Some(c) = chunk {
+                self.free_chunks.push(c);
+            }
+            return Ok(());
+        };
+        let plan = match responder::plan_reply(&call, &self.rcfg, |s| reply.encode(s)) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(peer = %self.ctx.peer, error = %e, "reply cannot be sent");
+                return self.send_error(xid, chunk);
+            }
+        };
+        // Writes go out of the chunk buffer (copied there), unsignaled: the
+        // Send after them completes only after they did.
+        if !plan.writes.is_empty() {
+            let c = chunk.expect("a call with chunks holds a chunk buffer");
+            let base = c * self.chunk_size;
+            if plan.write_len() > self.chunk_size {
+                return self.send_error(xid, chunk);
+            }
+            let mut at = base;
+            for w in &plan.writes {
+                while self.sq_free < 2 {
+                    self.wait_some()?;
+                }
+                for p in w.data.parts() {
+                    self.chunk_mr.write_at(at, p)?;
+                    at += p.len();
+                }
+                self.stats
+                    .payload_copies
+                    .fetch_add(w.data.len() as u64, Ordering::Relaxed);
+                let sge = self.chunk_mr.sge(at - w.data.len(), w.data.len())?;
+                self.qp.post_send(&[SendWr {
+                    wr_id: wr(Kind::Write, 0),
+                    op: SendOp::RdmaWrite {
+                        sges: &[sge],
+                        remote: RemoteBuf {
+                            addr: w.offset,
+                            len: w.data.len() as u32,
+                            rkey: w.rkey,
+                        },
+                    },
+                    flags: SendFlags::SIGNALED,
+                }])?;
+                self.sq_free -= 1;
+                self.stats
+                    .write_bytes
+                    .fetch_add(w.data.len() as u64, Ordering::Relaxed);
+            }
+        }
+        match plan.shape {
+            ReplyShape::Inline => self.stats.inline_replies.fetch_add(1, Ordering::Relaxed),
+            ReplyShape::ReplyChunk => self
+                .stats
+                .reply_chunk_replies
+                .fetch_add(1, Ordering::Relaxed),
+        };
+        self.post_send(&plan.header, &plan.inline, plan.send_with_invalidate, chunk)
+    }
+
+    fn wait_some(&mut self) -> Result<(), ConnError> {
+        let mut wcs = Vec::new();
+        if self.cq.poll(&mut wcs, 16)? == 0 {
+            std::hint::spin_loop();
+        }
+        for wc in wcs {
+            self.completion(wc)?;
+        }
+        Ok(())
+    }
+
+    fn send_error(&mut self, xid: u32, chunk: Option<usize>) -> Result<(), ConnError> {
+        self.stats.err_chunk.fetch_add(1, Ordering::Relaxed);
+        let e = responder::error_reply(xid, self.rcfg.credits, RdmaError::Chunk);
+        self.post_send(&e, &[], None, chunk)
+    }
+
+    /// One Send of `header` + `inline` from a send slot.
+    fn post_send(
+        &mut self,
+        header: &[u8],
+        inline: &[Bytes],
+        invalidate: Option<u32>,
+        chunk: Option<usize>,
+    ) -> Result<(), ConnError> {
+        while self.free_send.is_empty() || self.sq_free == 0 {
+            self.wait_some()?;
+        }
+        let slot = self.free_send.pop().expect("checked");
+        let base = slot * self.slot_size;
+        let mut len = header.len();
+        self.send_mr.write_at(base, header)?;
+        for p in inline {
+            if len + p.len() > self.slot_size {
+                // Cannot happen: the plan checked the inline threshold.
+                return Err(ConnError::Completion(0, "reply larger than a send slot".into()));
+            }
+            self.send_mr.write_at(base + len, p)?;
+            len += p.len();
+        }
+        let sge = self.send_mr.sge(base, len)?;
+        let sges = [sge];
+        let op = match invalidate {
+            Some(rkey) => {
+                self.stats.sends_with_inv.fetch_add(1, Ordering::Relaxed);
+                SendOp::SendWithInv {
+                    sges: &sges,
+                    invalidate_rkey: rkey,
+                }
+            }
+            None => {
+                self.stats.sends.fetch_add(1, Ordering::Relaxed);
+                SendOp::Send { sges: &sges }
+            }
+        };
+        self.qp.post_send(&[SendWr {
+            wr_id: wr(Kind::Send, send_val(slot, chunk)),
+            op,
+            flags: SendFlags::SIGNALED,
+        }])?;
+        self.sq_free -= 1;
+        self.stats
+            .credits_granted
+            .store(u64::from(self.rcfg.credits), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
