@@ -1,0 +1,280 @@
+//! The Linux kernel NFS client against nfsrdmad over RPC-over-RDMA, and the
+//! same workload against the kernel's own nfsd, in the Soft-RoCE VM.
+//!
+//! Ignored on the host (it needs root, rdma_rxe and the kernel NFS
+//! modules); `scripts/test-vm` runs it inside the VM.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const VM_ONLY: &str = "needs an RDMA device: run with scripts/test-vm";
+
+fn addr() -> String {
+    std::env::var("NFSRDMA_RDMA_ADDR").unwrap_or_else(|_| "10.99.0.1".into())
+}
+
+fn sh(cmd: &str) -> String {
+    let o = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        o.status.success(),
+        "`{cmd}` failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into()
+}
+
+fn in_vm() {
+    assert_eq!(
+        std::env::var("NFSRDMA_VM").as_deref(),
+        Ok("1"),
+        "this test runs in the Soft-RoCE VM: scripts/test-vm"
+    );
+    sh("modprobe rpcrdma && modprobe nfs && modprobe nfsv3");
+}
+
+struct Daemon {
+    child: Child,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let a = addr();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+            .args([
+                "--export",
+                "/export",
+                "--tcp",
+                &format!("{a}:2049"),
+                "--rdma",
+                &format!("{a}:20049"),
+                "--no-rpcbind",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        for _ in 0..2 {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            assert!(line.starts_with("nfsrdmad: listening"), "{line}");
+        }
+        Daemon { child }
+    }
+
+    /// SIGTERM; returns the exit status and stderr (with the counters).
+    fn stop(mut self) -> (bool, String) {
+        sh(&format!("kill -TERM {}", self.child.id()));
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let ok = self.child.wait().unwrap().success();
+        (ok, err)
+    }
+}
+
+fn mount_rdma(mnt: &str) {
+    std::fs::create_dir_all(mnt).unwrap();
+    sh(&format!(
+        "timeout 120 mount -t nfs -o vers=3,proto=rdma,port=20049,mountport=2049,mountproto=tcp,nolock {}:/export {mnt}",
+        addr()
+    ));
+    let stats = std::fs::read_to_string("/proc/self/mountstats").unwrap();
+    let ours = stats
+        .split("device ")
+        .find(|s| s.contains(&format!("mounted on {mnt} ")))
+        .unwrap_or_else(|| panic!("{mnt} not in mountstats"));
+    assert!(ours.contains("xprt:\trdma"), "not an RDMA mount:\n{ours}");
+}
+
+fn source(len: usize) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Data and namespace workload on `mnt`; returns a manifest of what it saw
+/// (sizes, types, link counts, contents digests) to compare between
+/// servers.
+fn workload(mnt: &Path, src: &Path, src_data: &[u8]) -> Vec<String> {
+    let mut manifest = Vec::new();
+    let digest = |d: &[u8]| {
+        // FNV-1a over the bytes: enough to tell contents apart.
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for b in d {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+        format!("{h:016x}")
+    };
+    let back = PathBuf::from("/tmp/nfs-readback");
+    for bs in ["4k", "64k", "1M"] {
+        let f = mnt.join(format!("direct-{bs}"));
+        sh(&format!(
+            "timeout 600 dd if={} of={} bs={bs} oflag=direct status=none",
+            src.display(),
+            f.display()
+        ));
+        sh(&format!(
+            "echo 3 > /proc/sys/vm/drop_caches; timeout 600 dd if={} of={} bs={bs} iflag=direct status=none",
+            f.display(),
+            back.display()
+        ));
+        let got = std::fs::read(&back).unwrap();
+        assert!(got == src_data, "O_DIRECT {bs} read back differs");
+        manifest.push(format!("direct-{bs} {} {}", got.len(), digest(&got)));
+    }
+    // Buffered, with a size that is not a multiple of any block.
+    let odd = &src_data[..src_data.len() - 12_345];
+    std::fs::write(mnt.join("buffered"), odd).unwrap();
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    let got = std::fs::read(mnt.join("buffered")).unwrap();
+    assert!(got == odd, "buffered read back differs");
+    manifest.push(format!("buffered {} {}", got.len(), digest(&got)));
+
+    // Namespace: 2,000 entries, renames, links, symlinks, readdir, removal.
+    let t = mnt.join("tree");
+    std::fs::create_dir(&t).unwrap();
+    for i in 0..2000 {
+        std::fs::write(t.join(format!("f{i:04}")), format!("file {i}\n")).unwrap();
+    }
+    for i in (0..2000).step_by(2) {
+        std::fs::rename(t.join(format!("f{i:04}")), t.join(format!("r{i:04}"))).unwrap();
+    }
+    std::fs::create_dir(t.join("sub")).unwrap();
+    for i in (1..200).step_by(2) {
+        std::fs::hard_link(
+            t.join(format!("f{i:04}")),
+            t.join("sub").join(format!("h{i:04}")),
+        )
+        .unwrap();
+    }
+    std::os::unix::fs::symlink("../f0001", t.join("sub/link")).unwrap();
+    assert_eq!(
+        std::fs::read_link(t.join("sub/link")).unwrap(),
+        PathBuf::from("../f0001")
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.join("sub/link")).unwrap(),
+        "file 1\n"
+    );
+    std::fs::set_permissions(t.join("f0003"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(&t)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2001);
+    for n in &names {
+        let p = t.join(n);
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let content = if m.is_file() {
+            digest(&std::fs::read(&p).unwrap())
+        } else {
+            "-".into()
+        };
+        let size = if m.is_dir() {
+            // Directory sizes are each file system's own business.
+            "-".to_string()
+        } else {
+            m.len().to_string()
+        };
+        manifest.push(format!(
+            "tree/{n} {size} {:o} {} {content}",
+            m.mode() & 0o7777,
+            m.nlink()
+        ));
+    }
+    for i in (1..2000).step_by(2) {
+        std::fs::remove_file(t.join(format!("f{i:04}"))).unwrap();
+    }
+    std::fs::remove_dir_all(t.join("sub")).unwrap();
+    let left = std::fs::read_dir(&t).unwrap().count();
+    manifest.push(format!("left {left}"));
+    for e in std::fs::read_dir(&t).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    std::fs::remove_dir(&t).unwrap();
+    // rmdir of a non-empty directory fails on both.
+    std::fs::create_dir(mnt.join("full")).unwrap();
+    std::fs::write(mnt.join("full/x"), b"x").unwrap();
+    let e = std::fs::remove_dir(mnt.join("full")).unwrap_err();
+    manifest.push(format!("rmdir-nonempty {:?}", e.raw_os_error()));
+    manifest
+}
+
+fn counter(report: &str, name: &str) -> u64 {
+    let at = report
+        .find(name)
+        .unwrap_or_else(|| panic!("{name} missing from {report}"));
+    report[at + name.len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
+    let _ = VM_ONLY;
+    in_vm();
+    let mb: usize = std::env::var("NFSRDMA_VM_TEST_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let src_data = source(mb << 20);
+    let src = PathBuf::from("/tmp/nfs-source");
+    std::fs::write(&src, &src_data).unwrap();
+
+    // Our server.
+    let d = Daemon::start();
+    mount_rdma("/mnt/ours");
+    let ours = workload(Path::new("/mnt/ours"), &src, &src_data);
+    sh("timeout 60 umount /mnt/ours");
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
+    eprintln!("{report}");
+    // Every chunk type and remote invalidation were really used.
+    assert!(
+        counter(&report, "RDMA Read ") >= (mb as u64) << 20,
+        "Read chunks"
+    );
+    assert!(
+        counter(&report, "RDMA Write ") >= (mb as u64) << 20,
+        "Write chunks"
+    );
+    assert!(counter(&report, "reply chunk ") > 0, "Reply chunk");
+    assert!(
+        counter(&report, "Send With Invalidate ") > 0,
+        "Send With Invalidate"
+    );
+    assert_eq!(counter(&report, "RDMA_ERROR vers "), 0);
+    assert_eq!(counter(&report, "connection errors "), 0);
+
+    // The kernel's nfsd, same workload.
+    let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vm/guest/knfsd-up");
+    sh(&format!("{} --mount /mnt/knfsd /export", up.display()));
+    let theirs = workload(Path::new("/mnt/knfsd"), &src, &src_data);
+    sh("timeout 60 umount /mnt/knfsd");
+    std::thread::sleep(Duration::from_millis(10));
+    assert_eq!(ours.len(), theirs.len());
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert_eq!(a, b, "nfsrdmad and kernel nfsd disagree");
+    }
+}
