@@ -25,12 +25,14 @@
 //! everything it held is released.
 
 use crate::service::{CallContext, Service};
+use crate::store::blocks::{BlockMemory, BlockSource};
 use bytes::Bytes;
 use nfsrdma_transport::rdma::engine::PollMode;
 use nfsrdma_transport::rdma::verbs::{
-    Access, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionQueue, ConnParam,
-    ConnectRequest, EventChannel, MemoryRegion, ProtectionDomain, QpCaps, QueuePair, RecvWr,
-    RemoteBuf, SendFlags, SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
+    Access, Arena, ArenaBlock, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionQueue,
+    ConnParam, ConnectRequest, Context, DeviceList, EventChannel, MemoryRegion, PendingRead,
+    ProtectionDomain, QpCaps, QueuePair, RecvWr, RemoteBuf, SendFlags, SendOp, SendWr, Sge,
+    VerbsError, WcOpcode, WorkCompletion,
 };
 use nfsrdma_transport::rpcrdma::responder::{
     self, Fault, IncomingCall, Received, ReplyShape, ResponderConfig,
@@ -44,6 +46,69 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The RDMA device the server uses: one protection domain shared by every
+/// connection, and the arena the stores' file blocks come from (registered
+/// once, local access only), so that READ data is RDMA-Written straight
+/// from file blocks and WRITE data is RDMA-Read straight into registered
+/// blocks.
+pub struct RdmaDevice {
+    ctx: Context,
+    pd: Arc<ProtectionDomain>,
+    arena: Arc<Arena>,
+}
+
+impl RdmaDevice {
+    /// Opens the device that owns `addr` (the first device for a wildcard
+    /// address) with an arena that may register up to `arena_limit` bytes,
+    /// 64 MiB at a time.
+    pub fn open(addr: SocketAddr, arena_limit: usize) -> Result<Arc<RdmaDevice>, VerbsError> {
+        let ch = EventChannel::new()?;
+        let id = CmId::new(&ch)?;
+        id.bind_addr(SocketAddr::new(addr.ip(), 0))?;
+        let ctx = match id.context() {
+            Ok(c) => c,
+            Err(_) => {
+                let list = DeviceList::new()?;
+                if list.is_empty() {
+                    return Err(VerbsError::NoDevice {
+                        detail: "no RDMA device found".into(),
+                    });
+                }
+                list.open(0)?
+            }
+        };
+        let pd = ProtectionDomain::new(&ctx)?;
+        let arena = Arena::new(&pd, 64 << 20, arena_limit);
+        Ok(Arc::new(RdmaDevice { ctx, pd, arena }))
+    }
+
+    /// A block source for a store, taking blocks from the device's arena.
+    pub fn block_source(&self) -> Box<dyn BlockSource> {
+        Box::new(ArenaSource(self.arena.clone()))
+    }
+
+    /// Bytes the arena has registered.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.registered_bytes()
+    }
+}
+
+struct ArenaSource(Arc<Arena>);
+
+impl BlockMemory for ArenaBlock {}
+
+impl BlockSource for ArenaSource {
+    fn alloc(&self, size: usize) -> Option<Box<dyn BlockMemory>> {
+        match self.0.alloc(size) {
+            Ok(b) => b.map(|b| Box::new(b) as Box<dyn BlockMemory>),
+            Err(e) => {
+                tracing::warn!(error = %e, "arena registration failed");
+                None
+            }
+        }
+    }
+}
 
 /// RDMA listener settings.
 #[derive(Debug, Clone)]
@@ -170,7 +235,11 @@ impl RdmaListener {
     /// Binds, listens and starts the connection manager thread. Fails (with
     /// the verbs layer's "no RDMA device" message when there is none) if
     /// the address cannot be bound.
-    pub fn start(service: Arc<Service>, cfg: RdmaConfig) -> Result<RdmaListener, VerbsError> {
+    pub fn start(
+        service: Arc<Service>,
+        cfg: RdmaConfig,
+        device: Arc<RdmaDevice>,
+    ) -> Result<RdmaListener, VerbsError> {
         let channel = EventChannel::new()?;
         let listen = CmId::new(&channel)?;
         listen.bind_addr(cfg.addr)?;
@@ -181,7 +250,7 @@ impl RdmaListener {
         let (s2, st2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name("rdma-cm".into())
-            .spawn(move || cm_loop(channel, listen, service, cfg, s2, st2))
+            .spawn(move || cm_loop(channel, listen, service, cfg, device, s2, st2))
             .map_err(|e| VerbsError::Call {
                 call: "spawn",
                 source: e,
@@ -241,6 +310,7 @@ fn cm_loop(
     _listen: CmId,
     service: Arc<Service>,
     cfg: RdmaConfig,
+    device: Arc<RdmaDevice>,
     stop: Arc<AtomicBool>,
     stats: Arc<RdmaStats>,
 ) {
@@ -261,7 +331,7 @@ fn cm_loop(
                 let Some(req) = ev.into_request() else {
                     continue;
                 };
-                match accept(req, &service, &cfg, &stats) {
+                match accept(req, &service, &cfg, &device, &stats) {
                     Ok(c) => {
                         conns.insert(c.id.handle(), c);
                     }
@@ -290,14 +360,23 @@ fn accept(
     req: ConnectRequest,
     service: &Arc<Service>,
     cfg: &RdmaConfig,
+    device: &Arc<RdmaDevice>,
     stats: &Arc<RdmaStats>,
 ) -> Result<ConnHandle, VerbsError> {
     let peer_msg = CmPrivate::from_peer(Some(&req.param.private_data));
     let ours = CmPrivate::representable(cfg.inline_size);
-    let peer = req.id.peer_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
+    let peer = req
+        .id
+        .peer_addr()
+        .unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
     let ctx = req.id.context()?;
+    if !ctx.same_as(&device.ctx) {
+        return Err(VerbsError::InvalidArgument(
+            "connection on another RDMA device than the store's".into(),
+        ));
+    }
     let attrs = ctx.query()?;
-    let pd = ProtectionDomain::new(&ctx)?;
+    let pd = device.pd.clone();
     let channel = CompletionChannel::new(&ctx)?;
     let credits = cfg.credits.max(1);
     let send_slots = credits as usize;
@@ -306,7 +385,7 @@ fn accept(
     let caps = QpCaps {
         max_send_wr: sq_depth,
         max_recv_wr: credits,
-        max_send_sge: 2,
+        max_send_sge: attrs.max_sge.clamp(1, MAX_SEND_SGE as u32),
         max_recv_sge: 1,
         max_inline_data: 0,
     };
@@ -374,6 +453,9 @@ fn accept(
         recv_mr,
         send_mr,
         chunk_mr,
+        arena: device.arena.clone(),
+        max_sge: attrs.max_sge.clamp(1, MAX_SEND_SGE as u32) as usize,
+        holds: HashMap::new(),
         slot_size: ours as usize,
         chunk_size: cfg.chunk_size(),
         free_send: (0..send_slots).collect(),
@@ -413,6 +495,9 @@ fn accept(
     })
 }
 
+/// Scatter/gather entries per RDMA Write, at most.
+const MAX_SEND_SGE: usize = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Recv = 1,
@@ -447,11 +532,17 @@ enum Pending {
     Call(IncomingCall),
 }
 
-/// A call whose Read chunks are being read.
+/// A call whose Read chunks are being read, into arena blocks.
 struct Reading {
     call: IncomingCall,
+    /// The chunk buffer the call holds for its reply.
     chunk: usize,
-    reads_left: usize,
+    /// Per block: the reads in flight, or the block once they completed.
+    pending: Vec<Option<PendingRead>>,
+    done: Vec<Option<ArenaBlock>>,
+    /// Bytes of each Read chunk and how many blocks it spans.
+    layout: Vec<(usize, usize)>,
+    left: usize,
     started: Instant,
 }
 
@@ -465,6 +556,12 @@ struct Conn {
     recv_mr: Arc<MemoryRegion>,
     send_mr: Arc<MemoryRegion>,
     chunk_mr: Arc<MemoryRegion>,
+    arena: Arc<Arena>,
+    /// Scatter/gather entries per RDMA Write.
+    max_sge: usize,
+    /// Payloads a posted Send's RDMA Writes read from, kept alive (and the
+    /// blocks shared, so not written) until the Send completes.
+    holds: HashMap<usize, Vec<Payload>>,
     slot_size: usize,
     chunk_size: usize,
     free_send: Vec<usize>,
@@ -539,15 +636,15 @@ impl Conn {
                 let msg = Bytes::from(self.recv_mr.to_vec(off, wc.byte_len as usize)?);
                 // The buffer was copied out: it goes straight back up.
                 let sge = self.recv_mr.sge(off, self.slot_size)?;
-                self.qp
-                    .post_recv(&[RecvWr {
-                        wr_id: wc.wr_id,
-                        sges: &[sge],
-                    }])?;
+                self.qp.post_recv(&[RecvWr {
+                    wr_id: wc.wr_id,
+                    sges: &[sge],
+                }])?;
                 self.queue.push_back(Pending::Message(msg));
             }
             k if k == Kind::Send as u64 => {
                 self.sq_free += 1;
+                self.holds.remove(&((v & 0xffff_ffff) as usize));
                 self.free_send.push((v & 0xffff_ffff) as usize);
                 let chunk = (v >> 32) as usize;
                 if chunk != 0xffff {
@@ -561,15 +658,22 @@ impl Conn {
                 self.sq_free += 1;
                 self.reads_free += 1;
                 debug_assert_eq!(wc.opcode, WcOpcode::RdmaRead);
-                let done = match self.reading.get_mut(&v) {
-                    Some(r) => {
-                        r.reads_left -= 1;
-                        r.reads_left == 0
+                let (call_id, bi) = (v >> 16, (v & 0xffff) as usize);
+                let mut finished = false;
+                if let Some(r) = self.reading.get_mut(&call_id) {
+                    if let Some(p) = r.pending.get_mut(bi).and_then(Option::take) {
+                        match p.complete(wc.wr_id) {
+                            Ok(block) => {
+                                r.done[bi] = Some(block);
+                                r.left -= 1;
+                                finished = r.left == 0;
+                            }
+                            Err(p) => r.pending[bi] = Some(p),
+                        }
                     }
-                    None => false,
-                };
-                if done {
-                    let r = self.reading.remove(&v).expect("present");
+                }
+                if finished {
+                    let r = self.reading.remove(&call_id).expect("present");
                     self.finish_reads(r)?;
                 }
             }
@@ -644,73 +748,119 @@ impl Conn {
         Ok(())
     }
 
+    /// Reads the call's chunks straight into arena blocks (64 KiB each, a
+    /// smaller one for a short tail): the data reaches the decoder, and the
+    /// store, without being copied on the way.
     fn start_reads(&mut self, call: IncomingCall) -> Result<(), ConnError> {
-        let chunk = self.free_chunks.pop().expect("checked by message()");
-        let base = chunk * self.chunk_size;
+        let chunk = self.free_chunks.pop().expect("checked by drain_queue()");
         let id = self.next_call;
         self.next_call += 1;
-        let segments: Vec<_> = call
-            .read_chunks
-            .iter()
-            .flat_map(|c| c.segments.iter().copied())
-            .collect();
-        let mut at = 0usize;
-        let n = segments.len();
+        const BLK: usize = 64 * 1024;
+        // Plan: per block, the reads landing in it.
+        let mut blocks: Vec<(usize, Vec<(usize, RemoteBuf)>)> = Vec::new();
+        let mut layout = Vec::new();
+        for c in &call.read_chunks {
+            let total = c.total_len() as usize;
+            let first = blocks.len();
+            let mut left = total;
+            while left > 0 {
+                let n = left.min(BLK);
+                blocks.push((n.max(4096).next_power_of_two().min(BLK), Vec::new()));
+                left -= n;
+            }
+            layout.push((total, blocks.len() - first));
+            let mut at = 0usize;
+            for seg in &c.segments {
+                let mut done = 0usize;
+                while done < seg.length as usize {
+                    let bi = first + at / BLK;
+                    let off = at % BLK;
+                    let n = (seg.length as usize - done).min(BLK - off);
+                    blocks[bi].1.push((
+                        off,
+                        RemoteBuf {
+                            addr: seg.offset + done as u64,
+                            len: n as u32,
+                            rkey: seg.handle,
+                        },
+                    ));
+                    done += n;
+                    at += n;
+                }
+            }
+        }
+        let n = blocks.len();
+        if n > 0xffff {
+            self.free_chunks.push(chunk);
+            return self.send_error(call.xid, None);
+        }
+        let mut allocated = Vec::with_capacity(n);
+        for (size, _) in &blocks {
+            match self.arena.alloc(*size)? {
+                Some(b) => allocated.push(b),
+                None => {
+                    tracing::warn!("arena exhausted: call refused");
+                    self.free_chunks.push(chunk);
+                    return self.send_error(call.xid, None);
+                }
+            }
+        }
         self.reading.insert(
             id,
             Reading {
                 call,
                 chunk,
-                reads_left: n,
+                pending: (0..n).map(|_| None).collect(),
+                done: (0..n).map(|_| None).collect(),
+                layout,
+                left: n,
                 started: Instant::now(),
             },
         );
-        for seg in segments {
-            // Respect the RDMA Read depth and the send queue: wait for
-            // completions (handling them) until there is room.
-            while self.reads_free == 0 || self.sq_free == 0 {
-                let mut wcs = Vec::new();
-                if self.cq.poll(&mut wcs, 16)? == 0 {
-                    std::hint::spin_loop();
-                }
-                for wc in wcs {
-                    self.completion(wc)?;
-                }
+        for (bi, ((_, ops), block)) in blocks.into_iter().zip(allocated).enumerate() {
+            // Respect the RDMA Read depth and the send queue: handle
+            // completions until there is room.
+            while self.reads_free < ops.len() || self.sq_free <= ops.len() {
+                self.wait_some()?;
             }
-            let sge = self.chunk_mr.sge(base + at, seg.length as usize)?;
-            self.qp.post_send(&[SendWr {
-                wr_id: wr(Kind::Read, id),
-                op: SendOp::RdmaRead {
-                    sges: &[sge],
-                    remote: RemoteBuf {
-                        addr: seg.offset,
-                        len: seg.length,
-                        rkey: seg.handle,
-                    },
-                },
-                flags: SendFlags::SIGNALED,
-            }])?;
-            self.reads_free -= 1;
-            self.sq_free -= 1;
-            self.stats
-                .read_bytes
-                .fetch_add(u64::from(seg.length), Ordering::Relaxed);
-            at += seg.length as usize;
+            let bytes: u64 = ops.iter().map(|(_, r)| u64::from(r.len)).sum();
+            let wrid = wr(Kind::Read, (id << 16) | bi as u64);
+            match block.read_remote(&self.qp, wrid, &ops) {
+                Ok(p) => {
+                    self.reads_free -= ops.len();
+                    self.sq_free -= ops.len();
+                    self.stats.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    if let Some(r) = self.reading.get_mut(&id) {
+                        r.pending[bi] = Some(p);
+                    }
+                }
+                Err(e) => return Err(ConnError::Verbs(e.error)),
+            }
         }
         Ok(())
     }
 
     fn finish_reads(&mut self, r: Reading) -> Result<(), ConnError> {
-        let base = r.chunk * self.chunk_size;
-        let mut at = base;
-        let mut data = Vec::with_capacity(r.call.read_chunks.len());
-        for c in &r.call.read_chunks {
-            let len = c.total_len() as usize;
-            data.push(Payload::from(self.chunk_mr.to_vec(at, len)?));
+        let mut blocks = r.done.into_iter();
+        let mut data = Vec::with_capacity(r.layout.len());
+        for (total, nblocks) in &r.layout {
+            let mut p = Payload::new();
+            let mut left = *total;
+            for _ in 0..*nblocks {
+                let b = blocks.next().flatten().expect("every block completed");
+                let n = left.min(b.len());
+                p.push(Bytes::from_owner(b).slice(0..n));
+                left -= n;
+            }
+            data.push(p);
+        }
+        // The data reached the decoder without a copy; the store then copies
+        // a WRITE's data from these landing blocks into the file's blocks
+        // (one copy, counted here).
+        if let Some(c) = r.call.read_chunks.iter().find(|c| c.position != 0) {
             self.stats
                 .payload_copies
-                .fetch_add(len as u64, Ordering::Relaxed);
-            at += len;
+                .fetch_add(c.total_len(), Ordering::Relaxed);
         }
         tracing::trace!(xid = r.call.xid, took = ?r.started.elapsed(), "chunks read");
         self.execute(r.call, data, Some(r.chunk))
@@ -752,44 +902,52 @@ impl Conn {
                 return self.send_error(xid, chunk);
             }
         };
-        // Writes go out of the chunk buffer (copied there), unsignaled: the
-        // Send after them completes only after they did.
-        if !plan.writes.is_empty() {
-            let c = chunk.expect("a call with chunks holds a chunk buffer");
-            let base = c * self.chunk_size;
-            if plan.write_len() > self.chunk_size {
-                return self.send_error(xid, chunk);
-            }
-            let mut at = base;
-            for w in &plan.writes {
-                while self.sq_free < 2 {
-                    self.wait_some()?;
+        // RDMA Writes: data in arena memory (file blocks) goes straight
+        // from there; anything else is copied into the call's chunk buffer.
+        // The Send after them completes only after they did.
+        let arena = self.arena.clone();
+        let chunk_mr = self.chunk_mr.clone();
+        let mut chunk_at = chunk.map(|c| (c * self.chunk_size, (c + 1) * self.chunk_size));
+        let mut ddp_left = plan.ddp_bytes;
+        let mut holds = Vec::with_capacity(plan.writes.len());
+        for w in &plan.writes {
+            let mut remote = w.offset;
+            let mut batch: Vec<Sge<'_>> = Vec::with_capacity(self.max_sge);
+            let mut batch_len = 0usize;
+            for p in w.data.parts() {
+                let ddp = p.len().min(ddp_left);
+                ddp_left -= ddp;
+                let sge = match arena.sge_for(p) {
+                    Some(sge) => sge,
+                    None => {
+                        let Some((at, end)) = chunk_at.as_mut() else {
+                            return self.send_error(xid, chunk);
+                        };
+                        if *at + p.len() > *end {
+                            return self.send_error(xid, chunk);
+                        }
+                        chunk_mr.write_at(*at, p)?;
+                        let sge = chunk_mr.sge(*at, p.len())?;
+                        *at += p.len();
+                        self.stats
+                            .payload_copies
+                            .fetch_add(ddp as u64, Ordering::Relaxed);
+                        sge
+                    }
+                };
+                batch.push(sge);
+                batch_len += p.len();
+                if batch.len() == self.max_sge {
+                    self.post_write(&batch, remote, w.rkey, batch_len)?;
+                    remote += batch_len as u64;
+                    batch.clear();
+                    batch_len = 0;
                 }
-                for p in w.data.parts() {
-                    self.chunk_mr.write_at(at, p)?;
-                    at += p.len();
-                }
-                self.stats
-                    .payload_copies
-                    .fetch_add(w.data.len() as u64, Ordering::Relaxed);
-                let sge = self.chunk_mr.sge(at - w.data.len(), w.data.len())?;
-                self.qp.post_send(&[SendWr {
-                    wr_id: wr(Kind::Write, 0),
-                    op: SendOp::RdmaWrite {
-                        sges: &[sge],
-                        remote: RemoteBuf {
-                            addr: w.offset,
-                            len: w.data.len() as u32,
-                            rkey: w.rkey,
-                        },
-                    },
-                    flags: SendFlags::SIGNALED,
-                }])?;
-                self.sq_free -= 1;
-                self.stats
-                    .write_bytes
-                    .fetch_add(w.data.len() as u64, Ordering::Relaxed);
             }
+            if !batch.is_empty() {
+                self.post_write(&batch, remote, w.rkey, batch_len)?;
+            }
+            holds.push(w.data.clone());
         }
         match plan.shape {
             ReplyShape::Inline => self.stats.inline_replies.fetch_add(1, Ordering::Relaxed),
@@ -798,7 +956,40 @@ impl Conn {
                 .reply_chunk_replies
                 .fetch_add(1, Ordering::Relaxed),
         };
-        self.post_send(&plan.header, &plan.inline, plan.send_with_invalidate, chunk)
+        let slot = self.post_send(&plan.header, &plan.inline, plan.send_with_invalidate, chunk)?;
+        if !holds.is_empty() {
+            self.holds.insert(slot, holds);
+        }
+        Ok(())
+    }
+
+    fn post_write(
+        &mut self,
+        sges: &[Sge<'_>],
+        addr: u64,
+        rkey: u32,
+        len: usize,
+    ) -> Result<(), ConnError> {
+        while self.sq_free < 2 {
+            self.wait_some()?;
+        }
+        self.qp.post_send(&[SendWr {
+            wr_id: wr(Kind::Write, 0),
+            op: SendOp::RdmaWrite {
+                sges,
+                remote: RemoteBuf {
+                    addr,
+                    len: len as u32,
+                    rkey,
+                },
+            },
+            flags: SendFlags::SIGNALED,
+        }])?;
+        self.sq_free -= 1;
+        self.stats
+            .write_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     fn wait_some(&mut self) -> Result<(), ConnError> {
@@ -815,7 +1006,7 @@ impl Conn {
     fn send_error(&mut self, xid: u32, chunk: Option<usize>) -> Result<(), ConnError> {
         self.stats.err_chunk.fetch_add(1, Ordering::Relaxed);
         let e = responder::error_reply(xid, self.rcfg.credits, RdmaError::Chunk);
-        self.post_send(&e, &[], None, chunk)
+        self.post_send(&e, &[], None, chunk).map(|_| ())
     }
 
     /// One Send of `header` + `inline` from a send slot.
@@ -825,7 +1016,7 @@ impl Conn {
         inline: &[Bytes],
         invalidate: Option<u32>,
         chunk: Option<usize>,
-    ) -> Result<(), ConnError> {
+    ) -> Result<usize, ConnError> {
         while self.free_send.is_empty() || self.sq_free == 0 {
             self.wait_some()?;
         }
@@ -836,7 +1027,10 @@ impl Conn {
         for p in inline {
             if len + p.len() > self.slot_size {
                 // Cannot happen: the plan checked the inline threshold.
-                return Err(ConnError::Completion(0, "reply larger than a send slot".into()));
+                return Err(ConnError::Completion(
+                    0,
+                    "reply larger than a send slot".into(),
+                ));
             }
             self.send_mr.write_at(base + len, p)?;
             len += p.len();
@@ -865,7 +1059,6 @@ impl Conn {
         self.stats
             .credits_granted
             .store(u64::from(self.rcfg.credits), Ordering::Relaxed);
-        Ok(())
+        Ok(slot)
     }
 }
-

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use nfsrdma_server::exports::{ExportOptions, Exports};
-use nfsrdma_server::rdma::{RdmaConfig, RdmaListener};
+use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener};
 use nfsrdma_server::rpcbind;
 use nfsrdma_server::service::{Service, ServiceConfig};
 use nfsrdma_server::store::StoreConfig;
@@ -192,9 +192,24 @@ fn main() -> Result<()> {
     if let Some(p) = args.poll.as_ref().or(cfg.poll.as_ref()) {
         rdma.poll = p.parse().context("--poll")?;
     }
-    let rdma = (!args.no_rdma).then_some((rdma, rdma_explicit.is_some()));
-
-    let exports = Service::exports_from_rules(&rules, &store);
+    // The RDMA device comes first: the stores take their blocks from its
+    // registered arena.
+    let mut device = None;
+    if !args.no_rdma {
+        let limit = (store.capacity_bytes as usize).saturating_mul(rules.entries.len().max(1));
+        match RdmaDevice::open(rdma.addr, limit) {
+            Ok(d) => device = Some(d),
+            Err(e) if rdma_explicit.is_none() => {
+                tracing::warn!(error = %e, "RPC-over-RDMA not available; serving TCP only")
+            }
+            Err(e) => return Err(e).with_context(|| format!("RDMA device for {}", rdma.addr)),
+        }
+    }
+    let exports = match &device {
+        Some(d) => Service::exports_from_rules_with(&rules, &store, &|| d.block_source()),
+        None => Service::exports_from_rules(&rules, &store),
+    };
+    let rdma = device.map(|d| (rdma, d));
     for e in &exports {
         tracing::info!(path = %e.path, fsid = e.store.fsid(), "export");
     }
@@ -212,7 +227,7 @@ async fn run(
     addr: SocketAddr,
     tcp: TcpConfig,
     use_rpcbind: bool,
-    rdma: Option<(RdmaConfig, bool)>,
+    rdma: Option<(RdmaConfig, Arc<RdmaDevice>)>,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let listener = tokio::net::TcpListener::bind(addr)
@@ -224,20 +239,14 @@ async fn run(
     println!("nfsrdmad: listening on tcp {local}");
 
     let mut rdma_listener = None;
-    if let Some((cfg, explicit)) = rdma {
+    if let Some((cfg, device)) = rdma {
         let addr = cfg.addr;
         let per_conn = cfg.memory_per_connection();
-        match RdmaListener::start(service.clone(), cfg) {
-            Ok(l) => {
-                tracing::info!(addr = %addr, memory_per_connection = per_conn, "serving NFSv3 over RPC-over-RDMA");
-                println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());
-                rdma_listener = Some(l);
-            }
-            Err(e) if !explicit => {
-                tracing::warn!(error = %e, "RPC-over-RDMA not available; serving TCP only")
-            }
-            Err(e) => return Err(e).with_context(|| format!("RDMA listener on {addr}")),
-        }
+        let l = RdmaListener::start(service.clone(), cfg, device)
+            .with_context(|| format!("RDMA listener on {addr}"))?;
+        tracing::info!(addr = %addr, memory_per_connection = per_conn, "serving NFSv3 over RPC-over-RDMA");
+        println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());
+        rdma_listener = Some(l);
     }
     let rdma_stats = rdma_listener.as_ref().map(|l| l.stats());
 

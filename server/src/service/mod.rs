@@ -207,6 +207,16 @@ impl Service {
     /// Builds exports from parsed rules, one store per export, fsids 1, 2, ...
     /// (or the `fsid=` option).
     pub fn exports_from_rules(rules: &crate::exports::Exports, base: &StoreConfig) -> Vec<Export> {
+        Self::exports_from_rules_with(rules, base, &|| Box::new(crate::store::blocks::HeapSource))
+    }
+
+    /// As [`Service::exports_from_rules`], with block memory from `source`
+    /// (the RDMA transport passes its registered arena).
+    pub fn exports_from_rules_with(
+        rules: &crate::exports::Exports,
+        base: &StoreConfig,
+        source: &dyn Fn() -> Box<dyn crate::store::blocks::BlockSource>,
+    ) -> Vec<Export> {
         rules
             .entries
             .iter()
@@ -218,11 +228,14 @@ impl Service {
                 Export {
                     path: e.path.clone(),
                     rules: e.clone(),
-                    store: Arc::new(Store::new(StoreConfig {
-                        fsid,
-                        null,
-                        ..base.clone()
-                    })),
+                    store: Arc::new(Store::with_source(
+                        StoreConfig {
+                            fsid,
+                            null,
+                            ..base.clone()
+                        },
+                        source(),
+                    )),
                 }
             })
             .collect()

@@ -36,6 +36,7 @@
 //! Ordering between CPU access and device access is the caller's protocol
 //! (e.g. read a receive buffer after its completion was polled).
 
+mod arena;
 mod cm;
 mod cq;
 mod device;
@@ -46,6 +47,7 @@ mod qp;
 use std::io;
 use std::time::Duration;
 
+pub use arena::{Arena, ArenaBlock, PendingRead, ReadPostError, ARENA_CLASSES};
 pub use cm::{
     CmEvent, CmEventKind, CmId, CmIdHandle, ConnParam, ConnectRequest, EventChannel,
     MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,

@@ -125,7 +125,7 @@ pub struct Sge<'a> {
     pub(crate) addr: u64,
     pub(crate) length: u32,
     pub(crate) lkey: u32,
-    _region: PhantomData<&'a MemoryRegion>,
+    pub(crate) _region: PhantomData<&'a MemoryRegion>,
 }
 
 impl Sge<'_> {
@@ -264,6 +264,12 @@ impl MemoryRegion {
         // SAFETY: the MR is live until Drop; libibverbs does not mutate the
         // public fields after registration.
         unsafe { self.mr.as_ref() }
+    }
+
+    /// The start of the region's buffer, for the arena module, which hands
+    /// out references into it under its own rules.
+    pub(super) fn buf_ptr(&self) -> NonNull<u8> {
+        self.buf.ptr
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ibv_mr {

@@ -1,0 +1,193 @@
+//! How RPC calls travel: the [`Transport`] trait and its implementations.
+//!
+//! A transport carries one RPC call and returns the decoder positioned at
+//! the reply's results. It owns XIDs, the slot table (calls in flight),
+//! reply matching, timeouts and retransmission, so that the typed layer
+//! ([`crate::Client`]) is the same for every transport.
+//!
+//! - [`tcp`]: ONC RPC record marking over TCP.
+//! - RPC-over-RDMA (RFC 8166): not built yet. It will implement
+//!   [`Transport`] with the sans-IO requester core of `nfsrdma-transport`
+//!   (`rpcrdma::requester::plan_call`), which is why a call is an encode
+//!   closure over `&mut dyn XdrSink` (the planner encodes it twice: once to
+//!   measure and to find the DDP-eligible item, once to send) and carries a
+//!   [`ReplyExpect`] (which sizes the Write chunk for READ data and the
+//!   Reply chunk for large replies). The slot table becomes the credit
+//!   count, and a reply whose READ data arrived in a Write chunk is decoded
+//!   with `Decoder::with_ddp_first`.
+
+pub mod rdma;
+pub mod tcp;
+
+use crate::error::ClientError;
+use bytes::Bytes;
+use nfsrdma_xdr::rpc::{AcceptStat, MessageBody, OpaqueAuth, RejectedReply, ReplyBody};
+use nfsrdma_xdr::{Decoder, XdrSink};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+/// Which transport a client uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportKind {
+    /// ONC RPC over TCP with record marking (port 2049 by default).
+    #[default]
+    Tcp,
+    /// RPC-over-RDMA version 1 (port 20049 by default); not built yet.
+    Rdma,
+}
+
+impl TransportKind {
+    /// The usual NFS port of this transport.
+    pub fn default_nfs_port(self) -> u16 {
+        match self {
+            TransportKind::Tcp => 2049,
+            TransportKind::Rdma => 20049,
+        }
+    }
+}
+
+/// What the caller knows of the reply before sending the call: the same
+/// hint as `nfsrdma_transport::rpcrdma::requester::ReplyExpect`, which an
+/// RDMA transport uses to register reply chunks. TCP ignores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyExpect {
+    /// Upper bound of the whole reply message (RPC header included), its
+    /// DDP-eligible item included.
+    pub max_len: u32,
+    /// Upper bound of the reply's DDP-eligible item, if it has one (READ:
+    /// the count asked for; READLINK: the longest path).
+    pub ddp_max: Option<u32>,
+}
+
+impl ReplyExpect {
+    /// Room for the largest RPC reply header (a 400-byte verifier).
+    pub const HEADER: u32 = 512;
+
+    /// A reply with no DDP-eligible item, whose results take at most
+    /// `results` bytes.
+    pub const fn small(results: u32) -> ReplyExpect {
+        ReplyExpect {
+            max_len: Self::HEADER + results,
+            ddp_max: None,
+        }
+    }
+
+    /// A reply whose results take at most `results` bytes besides a
+    /// DDP-eligible item of at most `ddp` bytes.
+    pub const fn with_ddp(results: u32, ddp: u32) -> ReplyExpect {
+        ReplyExpect {
+            max_len: Self::HEADER + results + ddp,
+            ddp_max: Some(ddp),
+        }
+    }
+}
+
+/// Writes a call's arguments (everything after the RPC header). Called
+/// once by TCP, possibly more than once by other transports; it must write
+/// the same bytes each time.
+pub type EncodeArgs<'a> = &'a (dyn Fn(&mut dyn XdrSink) + Send + Sync);
+
+/// One RPC call as the typed layer hands it to a transport.
+#[derive(Clone, Copy)]
+pub struct RpcCall<'a> {
+    /// Program number.
+    pub prog: u32,
+    /// Program version.
+    pub vers: u32,
+    /// Procedure number.
+    pub proc_: u32,
+    /// A name for logs and errors ("NFS READ", "MOUNT MNT").
+    pub name: &'static str,
+    /// The credential.
+    pub cred: &'a OpaqueAuth,
+    /// The arguments.
+    pub args: EncodeArgs<'a>,
+    /// What the reply may hold.
+    pub expect: ReplyExpect,
+}
+
+impl fmt::Debug for RpcCall<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RpcCall")
+            .field("prog", &self.prog)
+            .field("vers", &self.vers)
+            .field("proc_", &self.proc_)
+            .field("name", &self.name)
+            .field("expect", &self.expect)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future a transport returns: the decoder positioned at the reply's
+/// results (after an accepted, successful RPC reply header).
+pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<Decoder, ClientError>> + Send + 'a>>;
+
+/// Carries RPC calls to one server endpoint.
+pub trait Transport: Send + Sync + fmt::Debug {
+    /// Sends `call` and waits for its reply. RPC-level refusals
+    /// (PROG_UNAVAIL, GARBAGE_ARGS, AUTH_ERROR, ...) are errors; the
+    /// program's own status (an NFS error) is in the results.
+    fn call<'a>(&'a self, call: RpcCall<'a>) -> CallFuture<'a>;
+
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+
+    /// The transport's counters.
+    fn stats(&self) -> TransportStats;
+
+    /// Closes the connection; calls waiting fail with
+    /// [`ClientError::Shutdown`].
+    fn shutdown(&self);
+}
+
+/// Counters of a transport (for tests and diagnostics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Connections made (the first one included).
+    pub connects: u64,
+    /// Calls sent again (after a timeout or on a new connection).
+    pub retransmits: u64,
+    /// Reply records dropped because no call waited for their XID, or too
+    /// short to carry one.
+    pub unmatched_replies: u64,
+}
+
+/// Checks a complete reply message whose XID has been matched: returns the
+/// decoder at the results of an accepted, successful reply, and maps every
+/// other outcome to its error.
+pub fn parse_reply(
+    record: Bytes,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+) -> Result<Decoder, ClientError> {
+    let (msg, d) = nfsrdma_xdr::rpc::split_message(record)?;
+    let reply = match msg.body {
+        MessageBody::Reply(r) => r,
+        MessageBody::Call(_) => {
+            return Err(ClientError::Protocol(
+                "the server sent a call where a reply was expected".into(),
+            ))
+        }
+    };
+    match reply {
+        ReplyBody::Accepted(a) => match a.stat {
+            AcceptStat::Success => Ok(d),
+            AcceptStat::ProgUnavail => Err(ClientError::ProgUnavail { prog }),
+            AcceptStat::ProgMismatch { low, high } => Err(ClientError::ProgMismatch {
+                prog,
+                vers,
+                low,
+                high,
+            }),
+            AcceptStat::ProcUnavail => Err(ClientError::ProcUnavail { prog, proc_ }),
+            AcceptStat::GarbageArgs => Err(ClientError::GarbageArgs),
+            AcceptStat::SystemErr => Err(ClientError::SystemErr),
+        },
+        ReplyBody::Denied(RejectedReply::RpcMismatch { low, high }) => {
+            Err(ClientError::RpcMismatch { low, high })
+        }
+        ReplyBody::Denied(RejectedReply::AuthError(s)) => Err(ClientError::AuthError(s)),
+    }
+}

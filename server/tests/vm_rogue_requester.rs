@@ -1,0 +1,1132 @@
+//! A rogue RPC-over-RDMA requester against the server's RDMA responder, in
+//! the Soft-RoCE VM.
+//!
+//! Each test starts the server in-process (an NFSv3 service plus
+//! [`RdmaListener`] on `$NFSRDMA_RDMA_ADDR`, ephemeral port), connects a
+//! well-behaved client, then a rogue peer built directly on the verbs
+//! layer that sends one kind of bad input (named by the test) and checks
+//! what comes back: an RDMA_ERROR with the expected code, nothing (a silent
+//! discard, proven by a following NULL call on the same connection being
+//! answered and by `RdmaStats.discarded`), or the connection being dropped
+//! (a DISCONNECTED event, usually with failed or flushed completions). The
+//! well-behaved client must be served before, during (after the bad input
+//! was sent, before its outcome was observed) and after every case, and
+//! the server's counters must move by exactly what the case implies.
+//! `every_case_against_one_server` runs all cases in sequence against one
+//! server and checks the totals.
+//!
+//! Ignored on the host (no RDMA device); `scripts/test-vm -- rogue` runs
+//! them in the VM.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::{assert_success, root_cred};
+use nfsrdma_server::exports::Exports;
+use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
+use nfsrdma_server::service::{Service, ServiceConfig};
+use nfsrdma_server::store::{CreateMode, Cred, NewNode, StoreConfig};
+use nfsrdma_transport::rdma::verbs::{
+    Access, CmEventKind, CmId, CompletionQueue, ConnParam, EventChannel, MemoryRegion,
+    ProtectionDomain, QpCaps, QueuePair, SendFlags, SendOp, VerbsError, WorkCompletion,
+};
+use nfsrdma_xdr::nfs3::{
+    Data, Ftype3, Getattr3Args, Nfs3Res, NfsFh3, NfsProc3, NfsResult, Read3Args, Sattr3, StableHow,
+    Write3Args,
+};
+use nfsrdma_xdr::rpc::RpcMessage;
+use nfsrdma_xdr::rpcrdma::{
+    ChunkLists, CmPrivate, PaddedBody, RdmaBody, RdmaError, RdmaHeader, RdmaSegment, ReadSegment,
+    WriteChunk,
+};
+use nfsrdma_xdr::{Decoder, List, Payload, Xdr};
+use std::collections::{HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Upper bound for anything to happen (TCG is slow); never a pass/fail
+/// criterion by itself except as "it never happened".
+const T: Duration = Duration::from_secs(30);
+/// Credits the server grants.
+const CREDITS: u32 = 8;
+/// The server's inline threshold (both directions) and our receive size.
+const INLINE: usize = 4096;
+/// Our receive buffers.
+const RECV_SLOTS: usize = 32;
+/// Our send buffers, each large enough for the oversized Send of case 13.
+const SEND_SLOTS: usize = 16;
+const SEND_SIZE: usize = 8192;
+/// Size of the file READ and WRITE use, and of our chunk memory.
+const FILE_LEN: usize = 8192;
+/// An R_key nothing was registered with (rxe keys are index << 8 | key,
+/// with indices far below this).
+const BOGUS_RKEY: u32 = 0xfeed_f00d;
+const NFS_PROGRAM: u32 = 100_003;
+
+const WR_RECV: u64 = 1 << 32;
+const WR_SEND: u64 = 2 << 32;
+
+fn rdma_ip() -> IpAddr {
+    std::env::var("NFSRDMA_RDMA_ADDR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| "10.99.0.1".parse().unwrap())
+}
+
+/// Polls `f` until it holds or `T` passed; returns whether it held.
+fn wait_until(mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + T;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ---- the server ------------------------------------------------------------
+
+/// The counters a case moves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    connections: u64,
+    err_vers: u64,
+    err_chunk: u64,
+    discarded: u64,
+    errors: u64,
+}
+
+impl std::ops::Add for Counts {
+    type Output = Counts;
+    fn add(self, o: Counts) -> Counts {
+        Counts {
+            connections: self.connections + o.connections,
+            err_vers: self.err_vers + o.err_vers,
+            err_chunk: self.err_chunk + o.err_chunk,
+            discarded: self.discarded + o.discarded,
+            errors: self.errors + o.errors,
+        }
+    }
+}
+
+struct Server {
+    _service: Arc<Service>,
+    listener: RdmaListener,
+    stats: Arc<RdmaStats>,
+    root: NfsFh3,
+    file: NfsFh3,
+    file_data: Vec<u8>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let rules = Exports::parse("/export *(rw,no_root_squash,insecure)\n").unwrap();
+        // As the daemon does it: the store's blocks come from the device's
+        // registered arena.
+        let device = RdmaDevice::open(SocketAddr::new(rdma_ip(), 0), 256 << 20)
+            .expect("RDMA device (run with scripts/test-vm)");
+        let ex = Service::exports_from_rules_with(&rules, &StoreConfig::default(), &|| {
+            device.block_source()
+        });
+        let service = Arc::new(Service::new(ex, ServiceConfig::default()));
+        let file_data: Vec<u8> = (0..FILE_LEN)
+            .map(|i| (i as u8).wrapping_mul(29).wrapping_add(7))
+            .collect();
+        let (root, file) = {
+            let mut fs = service.exports()[0].store.write();
+            let dir = fs.root();
+            let ino = fs
+                .create(
+                    dir,
+                    b"rogue-data",
+                    &Cred::root(),
+                    NewNode::File,
+                    CreateMode::Unchecked,
+                    &Sattr3::default(),
+                )
+                .unwrap();
+            fs.write(ino, &Cred::root(), 0, &Payload::from(file_data.clone()))
+                .unwrap();
+            (NfsFh3(fs.handle(dir)), NfsFh3(fs.handle(ino)))
+        };
+        let listener = RdmaListener::start(
+            service.clone(),
+            RdmaConfig {
+                addr: SocketAddr::new(rdma_ip(), 0),
+                credits: CREDITS,
+                inline_size: INLINE as u32,
+                max_io: 64 << 10,
+                chunk_buffers: 2,
+                ..RdmaConfig::default()
+            },
+            device,
+        )
+        .expect("RDMA listener (run with scripts/test-vm)");
+        let stats = listener.stats();
+        Server {
+            _service: service,
+            listener,
+            stats,
+            root,
+            file,
+            file_data,
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::new(rdma_ip(), self.listener.port())
+    }
+
+    fn counts(&self) -> Counts {
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let s = &self.stats;
+        Counts {
+            connections: g(&s.connections),
+            err_vers: g(&s.err_vers),
+            err_chunk: g(&s.err_chunk),
+            discarded: g(&s.discarded),
+            errors: g(&s.errors),
+        }
+    }
+
+    fn open(&self) -> u64 {
+        self.stats.open.load(Ordering::Relaxed)
+    }
+}
+
+// ---- messages --------------------------------------------------------------
+
+fn no_chunks() -> ChunkLists {
+    ChunkLists {
+        read_list: List(vec![]),
+        write_list: List(vec![]),
+        reply_chunk: None,
+    }
+}
+
+fn header(xid: u32, vers: u32, body: RdmaBody) -> Vec<u8> {
+    RdmaHeader {
+        xid,
+        vers,
+        credit: CREDITS,
+        body,
+    }
+    .to_bytes()
+    .to_vec()
+}
+
+/// An RDMA_MSG with `lists` followed by `inline`.
+fn rdma_msg(xid: u32, lists: ChunkLists, inline: &[u8]) -> Vec<u8> {
+    let mut m = header(xid, 1, RdmaBody::Msg(lists));
+    m.extend_from_slice(inline);
+    m
+}
+
+/// Big-endian words.
+fn words(w: &[u32]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_be_bytes()).collect()
+}
+
+/// An RPC call message (AUTH_SYS root) with encoded `args`.
+fn rpc_call(xid: u32, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    RpcMessage::call(xid, prog, vers, proc_, root_cred()).encode(&mut b);
+    b.extend_from_slice(args);
+    b.to_vec()
+}
+
+fn null_call(xid: u32) -> Vec<u8> {
+    rpc_call(xid, NFS_PROGRAM, 3, 0, &[])
+}
+
+/// A WRITE call of `FILE_LEN` bytes at offset 0, reduced: the inline part
+/// ends with the data's length word; returns it and the data's position.
+fn reduced_write_call(xid: u32, file: &NfsFh3) -> (Vec<u8>, u32) {
+    let args = Write3Args {
+        file: file.clone(),
+        offset: 0,
+        count: FILE_LEN as u32,
+        stable: StableHow::FileSync,
+        data: Data::new(vec![0u8; FILE_LEN]),
+    };
+    let mut full = rpc_call(
+        xid,
+        NFS_PROGRAM,
+        3,
+        NfsProc3::Write as u32,
+        &args.to_bytes(),
+    );
+    // FILE_LEN is a multiple of four: no XDR padding to take off.
+    full.truncate(full.len() - FILE_LEN);
+    let pos = full.len() as u32;
+    (full, pos)
+}
+
+fn read_call(xid: u32, file: &NfsFh3) -> Vec<u8> {
+    let args = Read3Args {
+        file: file.clone(),
+        offset: 0,
+        count: FILE_LEN as u32,
+    };
+    rpc_call(xid, NFS_PROGRAM, 3, NfsProc3::Read as u32, &args.to_bytes())
+}
+
+/// Decodes a reply's transport header; returns it and what follows.
+fn parse(buf: Bytes) -> (RdmaHeader, Bytes) {
+    let mut d = Decoder::new(buf.clone());
+    let h = RdmaHeader::decode(&mut d)
+        .unwrap_or_else(|e| panic!("bad transport header from the server ({e}): {buf:02x?}"));
+    assert!(
+        h.credit >= 1 && h.credit <= CREDITS,
+        "credit grant {} outside 1..={CREDITS}",
+        h.credit
+    );
+    (h, d.into_rest())
+}
+
+fn assert_err_chunk(buf: Bytes, xid: u32) {
+    let (h, rest) = parse(buf);
+    assert_eq!(h.xid, xid, "RDMA_ERROR must carry the call's xid");
+    assert_eq!(h.vers, 1);
+    assert_eq!(h.body, RdmaBody::Error(RdmaError::Chunk), "{h:?}");
+    assert!(rest.is_empty(), "bytes after RDMA_ERROR: {rest:02x?}");
+}
+
+// ---- the rogue requester ---------------------------------------------------
+
+/// What the connection gave next.
+#[derive(Debug)]
+enum Next {
+    /// A received message.
+    Msg(Bytes),
+    /// A completion failed or the peer disconnected.
+    Dropped,
+    /// Nothing within the wait.
+    Nothing,
+}
+
+/// One requester connection on the verbs layer, sending whatever it is
+/// told to.
+struct Peer {
+    ch: Arc<EventChannel>,
+    id: CmId,
+    cq: Arc<CompletionQueue>,
+    qp: Arc<QueuePair>,
+    recv_mr: Arc<MemoryRegion>,
+    send_mr: Arc<MemoryRegion>,
+    /// Chunk memory the server may read and write through its rkey.
+    data: Arc<MemoryRegion>,
+    inbox: VecDeque<Bytes>,
+    failed: Vec<WorkCompletion>,
+    disconnected: bool,
+    sends_out: usize,
+    next_slot: usize,
+    next_xid: u32,
+}
+
+impl Peer {
+    /// Connects with an RFC 8797 message (4 KiB both ways) after posting
+    /// the receives.
+    fn connect(srv: &Server) -> Peer {
+        let ch = EventChannel::new().expect("event channel");
+        let id = CmId::new(&ch).expect("cm id");
+        id.resolve(srv.addr(), T).expect("resolve");
+        let ctx = id.context().expect("context");
+        let pd = ProtectionDomain::new(&ctx).expect("pd");
+        let cq = CompletionQueue::new(&ctx, 256, None).expect("cq");
+        let qp = id
+            .create_qp(
+                &pd,
+                &cq,
+                &cq,
+                QpCaps {
+                    max_send_wr: 64,
+                    max_recv_wr: RECV_SLOTS as u32,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+            )
+            .expect("qp");
+        let recv_mr = MemoryRegion::new(&pd, RECV_SLOTS * INLINE, Access::LOCAL).expect("mr");
+        let send_mr = MemoryRegion::new(&pd, SEND_SLOTS * SEND_SIZE, Access::LOCAL).expect("mr");
+        let data = MemoryRegion::new(&pd, FILE_LEN, Access::REMOTE).expect("mr");
+        for slot in 0..RECV_SLOTS {
+            let sge = recv_mr.sge(slot * INLINE, INLINE).unwrap();
+            qp.post_recv_one(WR_RECV | slot as u64, &[sge])
+                .expect("post recv");
+        }
+        let ours = CmPrivate {
+            remote_invalidation: false,
+            send_size: INLINE as u32,
+            recv_size: INLINE as u32,
+        };
+        let accepted = id
+            .connect_and_wait(
+                &ConnParam {
+                    private_data: ours.encode().to_vec(),
+                    initiator_depth: 4,
+                    responder_resources: 4,
+                    ..ConnParam::default()
+                },
+                T,
+            )
+            .expect("connect to the server");
+        let theirs = CmPrivate::decode(&accepted.private_data).expect("server's RFC 8797 message");
+        assert_eq!(theirs.recv_size, INLINE as u32, "{theirs:?}");
+        Peer {
+            ch,
+            id,
+            cq,
+            qp,
+            recv_mr,
+            send_mr,
+            data,
+            inbox: VecDeque::new(),
+            failed: Vec::new(),
+            disconnected: false,
+            sends_out: 0,
+            next_slot: 0,
+            next_xid: 0x5000_0000,
+        }
+    }
+
+    fn xid(&mut self) -> u32 {
+        self.next_xid += 1;
+        self.next_xid
+    }
+
+    /// Takes in completions and connection manager events.
+    fn poll(&mut self) {
+        let mut wcs = Vec::new();
+        self.cq.poll(&mut wcs, 64).expect("poll cq");
+        for wc in wcs {
+            if wc.wr_id & WR_SEND != 0 {
+                self.sends_out -= 1;
+            }
+            if wc.status.is_err() {
+                self.failed.push(wc);
+                continue;
+            }
+            if wc.wr_id & WR_RECV != 0 {
+                let off = (wc.wr_id & 0xffff_ffff) as usize * INLINE;
+                let msg = self.recv_mr.to_vec(off, wc.byte_len as usize).unwrap();
+                let sge = self.recv_mr.sge(off, INLINE).unwrap();
+                self.qp.post_recv_one(wc.wr_id, &[sge]).expect("repost");
+                self.inbox.push_back(Bytes::from(msg));
+            }
+        }
+        match self.ch.get_event(Some(Duration::ZERO)) {
+            Ok(ev) if ev.kind == CmEventKind::Disconnected => self.disconnected = true,
+            Ok(_) | Err(VerbsError::Timeout { .. }) => {}
+            Err(e) => panic!("connection manager: {e}"),
+        }
+    }
+
+    fn dropped(&self) -> bool {
+        self.disconnected || !self.failed.is_empty()
+    }
+
+    /// Posts one Send of `bytes`.
+    fn send(&mut self, bytes: &[u8]) {
+        assert!(bytes.len() <= SEND_SIZE);
+        let deadline = Instant::now() + T;
+        while self.sends_out >= SEND_SLOTS {
+            self.poll();
+            assert!(!self.dropped(), "connection dropped: {:?}", self.failed);
+            assert!(Instant::now() < deadline, "sends never completed");
+        }
+        // Sends complete in order: the oldest slot is free.
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % SEND_SLOTS;
+        let off = slot * SEND_SIZE;
+        self.send_mr.write_at(off, bytes).unwrap();
+        let sge = self.send_mr.sge(off, bytes.len()).unwrap();
+        self.qp
+            .post_send_one(
+                WR_SEND | slot as u64,
+                SendOp::Send { sges: &[sge] },
+                SendFlags::SIGNALED,
+            )
+            .expect("post send");
+        self.sends_out += 1;
+    }
+
+    /// The next message, or the connection dropping, waiting up to `wait`.
+    fn next_within(&mut self, wait: Duration) -> Next {
+        let deadline = Instant::now() + wait;
+        loop {
+            self.poll();
+            if let Some(m) = self.inbox.pop_front() {
+                return Next::Msg(m);
+            }
+            if self.dropped() {
+                return Next::Dropped;
+            }
+            if Instant::now() >= deadline {
+                return Next::Nothing;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The next message; panics when the connection drops or nothing comes.
+    fn reply(&mut self) -> Bytes {
+        match self.next_within(T) {
+            Next::Msg(m) => m,
+            Next::Dropped => panic!(
+                "connection dropped (disconnected {}, failed completions {:?})",
+                self.disconnected, self.failed
+            ),
+            Next::Nothing => panic!("no reply within {T:?}"),
+        }
+    }
+
+    /// Waits until the server disconnects us; no message may arrive before.
+    /// Returns the failed completions seen.
+    fn expect_dropped(&mut self) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + T;
+        while !self.disconnected {
+            self.poll();
+            if let Some(m) = self.inbox.pop_front() {
+                panic!("expected the connection to be dropped, got a message {m:02x?}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not disconnect within {T:?} (failed completions {:?})",
+                self.failed
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.failed.clone()
+    }
+
+    /// An RPC reply's header for `xid`, checked for RDMA_MSG with empty
+    /// lists and MSG_ACCEPTED/SUCCESS; returns the decoder at the results.
+    fn rpc_reply(&mut self, xid: u32) -> Decoder {
+        let (h, rest) = parse(self.reply());
+        assert_eq!(h.xid, xid);
+        assert_eq!(h.body, RdmaBody::Msg(no_chunks()), "{h:?}");
+        let mut d = Decoder::new(rest);
+        let m = RpcMessage::decode(&mut d).expect("RPC reply");
+        assert_eq!(m.xid, xid);
+        assert_success(&m);
+        d
+    }
+
+    /// An NFS NULL call inline; must be answered.
+    fn null(&mut self) {
+        let xid = self.xid();
+        self.send(&rdma_msg(xid, no_chunks(), &null_call(xid)));
+        let d = self.rpc_reply(xid);
+        assert_eq!(d.remaining(), 0);
+    }
+
+    /// GETATTR of the export's root inline; must be a directory.
+    fn getattr_root(&mut self, srv: &Server) {
+        let xid = self.xid();
+        let args = Getattr3Args {
+            object: srv.root.clone(),
+        }
+        .to_bytes();
+        let call = rpc_call(xid, NFS_PROGRAM, 3, NfsProc3::Getattr as u32, &args);
+        self.send(&rdma_msg(xid, no_chunks(), &call));
+        let mut d = self.rpc_reply(xid);
+        match Nfs3Res::decode(NfsProc3::Getattr, &mut d).expect("GETATTR result") {
+            Nfs3Res::Getattr(NfsResult::Ok(ok)) => {
+                assert_eq!(ok.obj_attributes.type_, Ftype3::Dir)
+            }
+            other => panic!("GETATTR of the root: {other:?}"),
+        }
+    }
+
+    /// Sends one crafted message and expects ERR_CHUNK for `xid`, then a
+    /// NULL call on the same connection to work.
+    fn expect_err_chunk(&mut self, msg: &[u8], xid: u32, good: &mut Peer, srv: &Server) {
+        self.send(msg);
+        check_good(good, srv);
+        assert_err_chunk(self.reply(), xid);
+        self.null();
+    }
+
+    /// Sends one crafted message that must be dropped silently: the NULL
+    /// call after it is the next thing answered.
+    fn expect_silence(&mut self, msg: &[u8], good: &mut Peer, srv: &Server) {
+        self.send(msg);
+        check_good(good, srv);
+        self.null();
+    }
+
+    /// READ of the test file with a Write chunk at `rkey`/`addr`.
+    fn send_read(&mut self, file: &NfsFh3, rkey: u32, addr: u64) -> u32 {
+        let xid = self.xid();
+        let lists = ChunkLists {
+            write_list: List(vec![WriteChunk::new(vec![RdmaSegment {
+                handle: rkey,
+                length: FILE_LEN as u32,
+                offset: addr,
+            }])]),
+            ..no_chunks()
+        };
+        self.send(&rdma_msg(xid, lists, &read_call(xid, file)));
+        xid
+    }
+
+    /// WRITE of `FILE_LEN` bytes at offset 0 with its data in a Read chunk
+    /// at `rkey`/`addr`.
+    fn send_write(&mut self, file: &NfsFh3, rkey: u32, addr: u64) -> u32 {
+        let xid = self.xid();
+        let (inline, position) = reduced_write_call(xid, file);
+        let lists = ChunkLists {
+            read_list: List(vec![ReadSegment {
+                position,
+                target: RdmaSegment {
+                    handle: rkey,
+                    length: FILE_LEN as u32,
+                    offset: addr,
+                },
+            }]),
+            ..no_chunks()
+        };
+        self.send(&rdma_msg(xid, lists, &inline));
+        xid
+    }
+}
+
+/// The well-behaved client's round: NULL and GETATTR of the root.
+fn check_good(good: &mut Peer, srv: &Server) {
+    good.null();
+    good.getattr_root(srv);
+}
+
+// ---- the cases ---------------------------------------------------------------
+//
+// Each case uses its own rogue connection, checks what it observes, drops
+// the connection and returns the counters it moved.
+
+type Case = fn(&Server, &mut Peer) -> Counts;
+
+const ONE_CONN: Counts = Counts {
+    connections: 1,
+    err_vers: 0,
+    err_chunk: 0,
+    discarded: 0,
+    errors: 0,
+};
+
+/// 1: rdma_vers 2 -> ERR_VERS 1..1 with the call's xid.
+fn case_wrong_rdma_vers(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let mut m = header(xid, 2, RdmaBody::Msg(no_chunks()));
+    m.extend_from_slice(&null_call(xid));
+    p.send(&m);
+    check_good(good, srv);
+    let (h, rest) = parse(p.reply());
+    assert_eq!(h.xid, xid);
+    assert_eq!(h.vers, 1);
+    assert_eq!(
+        h.body,
+        RdmaBody::Error(RdmaError::Vers { low: 1, high: 1 }),
+        "{h:?}"
+    );
+    assert!(rest.is_empty());
+    // The connection stays usable.
+    p.null();
+    Counts {
+        err_vers: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 2: rdma_proc 7 -> ERR_CHUNK.
+fn case_unknown_proc(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    p.expect_err_chunk(&words(&[xid, 1, CREDITS, 7, 0, 0, 0]), xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 3: RDMA_MSGP -> ERR_CHUNK.
+fn case_rdma_msgp(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let mut m = header(
+        xid,
+        1,
+        RdmaBody::Msgp(PaddedBody {
+            align: 4,
+            thresh: 0,
+            chunks: no_chunks(),
+        }),
+    );
+    m.extend_from_slice(&null_call(xid));
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 4: RDMA_NOMSG without a Position-Zero Read chunk (alone, and with the
+/// call inline after it) -> ERR_CHUNK twice.
+fn case_rdma_nomsg_without_chunks(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let m = header(xid, 1, RdmaBody::Nomsg(no_chunks()));
+    assert_eq!(m.len(), 28);
+    p.expect_err_chunk(&m, xid, good, srv);
+    let xid = p.xid();
+    let mut m = header(xid, 1, RdmaBody::Nomsg(no_chunks()));
+    m.extend_from_slice(&null_call(xid));
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 2,
+        ..ONE_CONN
+    }
+}
+
+/// 5: a 20-byte header (version 1, shorter than 28) and an 8-byte one
+/// (shorter than the fixed 16) -> dropped silently, connection works.
+fn case_short_headers(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    p.expect_silence(&words(&[xid, 1, CREDITS, 0, 0]), good, srv);
+    let xid = p.xid();
+    p.expect_silence(&words(&[xid, 1]), good, srv);
+    Counts {
+        discarded: 2,
+        ..ONE_CONN
+    }
+}
+
+/// A Read list segment at `position` naming our chunk memory.
+fn read_seg(p: &Peer, position: u32, length: u32) -> ReadSegment {
+    let r = p.data.remote(0, p.data.len()).unwrap();
+    ReadSegment {
+        position,
+        target: RdmaSegment {
+            handle: r.rkey,
+            length,
+            offset: r.addr,
+        },
+    }
+}
+
+/// 6: a Read chunk at position 6 -> ERR_CHUNK.
+fn case_misaligned_read_chunk_position(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let lists = ChunkLists {
+        read_list: List(vec![read_seg(&p, 6, 4)]),
+        ..no_chunks()
+    };
+    let m = rdma_msg(xid, lists, &null_call(xid));
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 7: a Read chunk positioned 8 bytes past the end of the inline call
+/// (aligned) -> ERR_CHUNK.
+fn case_read_chunk_position_past_end(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let (inline, pos) = reduced_write_call(xid, &srv.file);
+    let lists = ChunkLists {
+        read_list: List(vec![read_seg(&p, pos + 8, FILE_LEN as u32)]),
+        ..no_chunks()
+    };
+    let m = rdma_msg(xid, lists, &inline);
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 8: four segments of 0xffffffff bytes at the WRITE data's position:
+/// 16 GiB, far past the largest call -> ERR_CHUNK (and no RDMA Read).
+fn case_oversized_read_list(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let (inline, pos) = reduced_write_call(xid, &srv.file);
+    let lists = ChunkLists {
+        read_list: List((0..4).map(|_| read_seg(&p, pos, u32::MAX)).collect()),
+        ..no_chunks()
+    };
+    let m = rdma_msg(xid, lists, &inline);
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 9: a Write list entry with zero segments -> ERR_CHUNK.
+fn case_empty_write_chunk(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let lists = ChunkLists {
+        write_list: List(vec![WriteChunk::new(vec![])]),
+        ..no_chunks()
+    };
+    let m = rdma_msg(xid, lists, &read_call(xid, &srv.file));
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 10: a valid READ whose Write chunk names an rkey never registered: the
+/// server's RDMA Write fails and it drops that connection. The same READ
+/// with our real rkey first shows the call itself is fine.
+fn case_unregistered_write_chunk_rkey(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let r = p.data.remote(0, FILE_LEN).unwrap();
+    p.data.fill(0, FILE_LEN, 0).unwrap();
+    let xid = p.send_read(&srv.file, r.rkey, r.addr);
+    let (h, rest) = parse(p.reply());
+    assert_eq!(h.xid, xid);
+    let Some(lists) = h.body.chunks() else {
+        panic!("READ reply: {h:?}");
+    };
+    assert!(matches!(h.body, RdmaBody::Msg(_)), "{h:?}");
+    assert_eq!(lists.write_list.0.len(), 1, "{h:?}");
+    assert_eq!(lists.write_list.0[0].total_len(), FILE_LEN as u64, "{h:?}");
+    let placed = p.data.to_vec(0, FILE_LEN).unwrap();
+    assert!(
+        placed == srv.file_data,
+        "READ data placed by RDMA Write differs"
+    );
+    // The reduced reply decodes with the placed data at the end.
+    let pos = rest.len();
+    let mut d = Decoder::with_ddp(rest, pos, Payload::from(placed));
+    let m = RpcMessage::decode(&mut d).unwrap();
+    assert_success(&m);
+    match Nfs3Res::decode(NfsProc3::Read, &mut d).expect("READ result") {
+        Nfs3Res::Read(NfsResult::Ok(ok)) => {
+            assert_eq!(ok.count, FILE_LEN as u32);
+            assert_eq!(ok.data.0.len(), FILE_LEN);
+        }
+        other => panic!("READ: {other:?}"),
+    }
+
+    p.send_read(&srv.file, BOGUS_RKEY, r.addr);
+    check_good(good, srv);
+    let failed = p.expect_dropped();
+    println!("case 10: disconnected; our failed completions: {failed:?}");
+    Counts {
+        errors: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 11: a WRITE whose Read chunk names a bogus rkey: the server's RDMA Read
+/// fails and it drops that connection. The same WRITE with our real rkey
+/// first shows the call itself is fine.
+fn case_bogus_read_chunk_rkey(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let r = p.data.remote(0, FILE_LEN).unwrap();
+    // Writes the file's own contents: the file stays as it was.
+    p.data.write_at(0, &srv.file_data).unwrap();
+    let xid = p.send_write(&srv.file, r.rkey, r.addr);
+    let mut d = p.rpc_reply(xid);
+    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
+        Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
+        other => panic!("WRITE: {other:?}"),
+    }
+
+    p.send_write(&srv.file, BOGUS_RKEY, r.addr);
+    check_good(good, srv);
+    let failed = p.expect_dropped();
+    println!("case 11: disconnected; our failed completions: {failed:?}");
+    Counts {
+        errors: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 12: credits + 4 NULL calls back to back. RFC 8166 §3.3.1 makes
+/// exceeding the credit limit a requester error the responder may handle
+/// as it likes: answer, drop the extra calls, or drop the connection. What
+/// this server does: its receive queue holds `credits` buffers, reposted
+/// as soon as each message is copied out, and the requester's RNR retries
+/// (unlimited) hold the extra Sends until a buffer is up again, so every
+/// call is answered. The test accepts any of the three outcomes, checks
+/// each reply, and prints which one it saw.
+fn case_more_calls_than_credits(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let n = CREDITS as usize + 4;
+    let mut xids = HashSet::new();
+    for _ in 0..n {
+        let xid = p.xid();
+        xids.insert(xid);
+        p.send(&rdma_msg(xid, no_chunks(), &null_call(xid)));
+    }
+    check_good(good, srv);
+    let mut answered = 0;
+    let mut dropped = false;
+    while answered < n {
+        match p.next_within(T) {
+            Next::Msg(m) => {
+                let (h, rest) = parse(m);
+                assert!(
+                    xids.remove(&h.xid),
+                    "reply to an unknown or repeated xid {h:?}"
+                );
+                assert_eq!(h.body, RdmaBody::Msg(no_chunks()), "{h:?}");
+                let mut d = Decoder::new(rest);
+                let m = RpcMessage::decode(&mut d).unwrap();
+                assert_eq!(m.xid, h.xid);
+                assert_success(&m);
+                answered += 1;
+            }
+            Next::Dropped => {
+                dropped = true;
+                break;
+            }
+            // Only reached if the server silently dropped the extra calls.
+            Next::Nothing => break,
+        }
+    }
+    if dropped {
+        println!("case 12: {answered} of {n} answered, then the connection was dropped");
+        p.expect_dropped();
+        return Counts {
+            // A drop by the server ends the connection with an error.
+            errors: 1,
+            ..ONE_CONN
+        };
+    }
+    // Still connected: the connection must keep working.
+    p.null();
+    let missing = (n - answered) as u64;
+    println!("case 12: {answered} of {n} answered, {missing} dropped, connection kept");
+    Counts {
+        discarded: missing,
+        ..ONE_CONN
+    }
+}
+
+/// 13: an 8 KiB Send into the server's 4 KiB receive buffers: the
+/// server's receive fails and it drops the connection.
+fn case_oversized_inline_send(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    p.null();
+    let xid = p.xid();
+    let mut m = rdma_msg(xid, no_chunks(), &null_call(xid));
+    m.resize(2 * INLINE, 0);
+    p.send(&m);
+    check_good(good, srv);
+    let failed = p.expect_dropped();
+    println!("case 13: disconnected; our failed completions: {failed:?}");
+    Counts {
+        errors: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 14: RDMA_ERROR sent by a requester (ERR_VERS, 28 bytes; ERR_CHUNK
+/// padded to 28 bytes) -> dropped silently.
+fn case_requester_rdma_error(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let m = header(xid, 1, RdmaBody::Error(RdmaError::Vers { low: 1, high: 1 }));
+    assert_eq!(m.len(), 28);
+    p.expect_silence(&m, good, srv);
+    let xid = p.xid();
+    let mut m = header(xid, 1, RdmaBody::Error(RdmaError::Chunk));
+    m.resize(28, 0);
+    p.expect_silence(&m, good, srv);
+    Counts {
+        discarded: 2,
+        ..ONE_CONN
+    }
+}
+
+/// 15: RDMA_DONE (padded to 28 bytes, and bare 16 bytes) -> dropped
+/// silently.
+fn case_rdma_done(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let mut m = header(xid, 1, RdmaBody::Done);
+    m.resize(28, 0);
+    p.expect_silence(&m, good, srv);
+    let xid = p.xid();
+    let m = header(xid, 1, RdmaBody::Done);
+    assert_eq!(m.len(), 16);
+    p.expect_silence(&m, good, srv);
+    Counts {
+        discarded: 2,
+        ..ONE_CONN
+    }
+}
+
+/// 16: connect, send nothing, disconnect: the server's connection goes
+/// away (`open` back where it was) without an error.
+fn case_idle_peer(srv: &Server, good: &mut Peer) -> Counts {
+    let before = srv.open();
+    let mut p = Peer::connect(srv);
+    assert!(
+        wait_until(|| srv.open() == before + 1),
+        "the server never counted the connection open"
+    );
+    check_good(good, srv);
+    p.id.disconnect().expect("disconnect");
+    let deadline = Instant::now() + T;
+    while !p.disconnected {
+        p.poll();
+        assert!(Instant::now() < deadline, "no DISCONNECTED event");
+    }
+    assert!(
+        wait_until(|| srv.open() == before),
+        "open stayed at {} (was {before})",
+        srv.open()
+    );
+    ONE_CONN
+}
+
+/// 17: an RPC header whose XID differs from rdma_xid -> ERR_CHUNK with
+/// rdma_xid.
+fn case_rpc_xid_mismatch(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let m = rdma_msg(xid, no_chunks(), &null_call(xid ^ 0x00ff_0000));
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+const CASES: &[(&str, Case)] = &[
+    ("wrong_rdma_vers", case_wrong_rdma_vers),
+    ("unknown_proc", case_unknown_proc),
+    ("rdma_msgp", case_rdma_msgp),
+    ("rdma_nomsg_without_chunks", case_rdma_nomsg_without_chunks),
+    ("short_headers", case_short_headers),
+    (
+        "misaligned_read_chunk_position",
+        case_misaligned_read_chunk_position,
+    ),
+    (
+        "read_chunk_position_past_end",
+        case_read_chunk_position_past_end,
+    ),
+    ("oversized_read_list", case_oversized_read_list),
+    ("empty_write_chunk", case_empty_write_chunk),
+    (
+        "unregistered_write_chunk_rkey",
+        case_unregistered_write_chunk_rkey,
+    ),
+    ("bogus_read_chunk_rkey", case_bogus_read_chunk_rkey),
+    ("more_calls_than_credits", case_more_calls_than_credits),
+    ("oversized_inline_send", case_oversized_inline_send),
+    ("requester_rdma_error", case_requester_rdma_error),
+    ("rdma_done", case_rdma_done),
+    ("idle_peer", case_idle_peer),
+    ("rpc_xid_mismatch", case_rpc_xid_mismatch),
+];
+
+/// Runs one case with the well-behaved client checked before, during (by
+/// the case) and after, then waits until the server has let go of the
+/// rogue connection and checks the counters moved by exactly what the case
+/// says. Returns what it moved.
+fn run_case(srv: &Server, good: &mut Peer, name: &str, case: Case) -> Counts {
+    check_good(good, srv);
+    let before = srv.counts();
+    let open = srv.open();
+    let moved = case(srv, good);
+    check_good(good, srv);
+    let want = before + moved;
+    let settled = wait_until(|| srv.open() == open && srv.counts() == want);
+    assert_eq!(
+        srv.open(),
+        open,
+        "{name}: the rogue connection was not cleaned up"
+    );
+    assert_eq!(srv.counts(), want, "{name}: counters (before {before:?})");
+    assert!(settled);
+    check_good(good, srv);
+    println!("{name}: ok, moved {moved:?}");
+    moved
+}
+
+fn single(name: &str) {
+    let case = CASES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no case {name}"))
+        .1;
+    let srv = Server::start();
+    let mut good = Peer::connect(&srv);
+    let moved = run_case(&srv, &mut good, name, case);
+    assert_eq!(srv.counts(), moved + ONE_CONN, "{}", srv.stats.report());
+}
+
+macro_rules! case_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            #[ignore = "needs an RDMA device: run with scripts/test-vm"]
+            fn $name() {
+                single(stringify!($name));
+            }
+        )*
+    };
+}
+
+case_tests!(
+    wrong_rdma_vers,
+    unknown_proc,
+    rdma_msgp,
+    rdma_nomsg_without_chunks,
+    short_headers,
+    misaligned_read_chunk_position,
+    read_chunk_position_past_end,
+    oversized_read_list,
+    empty_write_chunk,
+    unregistered_write_chunk_rkey,
+    bogus_read_chunk_rkey,
+    more_calls_than_credits,
+    oversized_inline_send,
+    requester_rdma_error,
+    rdma_done,
+    idle_peer,
+    rpc_xid_mismatch,
+);
+
+/// Every case in turn against one server and one well-behaved connection;
+/// the totals must be the sum of the cases.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn every_case_against_one_server() {
+    let srv = Server::start();
+    let mut good = Peer::connect(&srv);
+    let mut total = ONE_CONN;
+    for (name, case) in CASES {
+        total = total + run_case(&srv, &mut good, name, *case);
+    }
+    assert_eq!(srv.counts(), total, "{}", srv.stats.report());
+    // The fixed cases: 17 rogue connections, ERR_VERS once, ERR_CHUNK
+    // nine times, six silent discards (plus any case 12 chose), three
+    // connections ended by errors (plus one if case 12 was dropped).
+    assert_eq!(total.connections, 1 + CASES.len() as u64);
+    assert_eq!(total.err_vers, 1);
+    assert_eq!(total.err_chunk, 9);
+    assert!(total.discarded >= 6);
+    assert!((3..=4).contains(&total.errors));
+    println!("{}", srv.stats.report());
+}
