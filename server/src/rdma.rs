@@ -25,7 +25,7 @@
 //! everything it held is released.
 
 use crate::service::{CallContext, Service};
-use crate::store::blocks::{BlockMemory, BlockSource};
+use crate::store::blocks::{Block, BlockMemory, BlockSource, LandingBlocks};
 use bytes::Bytes;
 use nfsrdma_transport::rdma::engine::PollMode;
 use nfsrdma_transport::rdma::verbs::{
@@ -756,28 +756,45 @@ impl Conn {
         let id = self.next_call;
         self.next_call += 1;
         const BLK: usize = 64 * 1024;
-        // Plan: per block, the reads landing in it.
+        let class = |n: usize| n.max(4096).next_power_of_two().min(BLK);
+        // A WRITE's data lands so that its file blocks line up with landing
+        // blocks: the store can then take whole landing blocks over.
+        let skew = write_offset(&call.inline).map_or(0, |o| (o % BLK as u64) as usize);
+        // Plan: per landing block, its size and the reads landing in it.
         let mut blocks: Vec<(usize, Vec<(usize, RemoteBuf)>)> = Vec::new();
         let mut layout = Vec::new();
         for c in &call.read_chunks {
             let total = c.total_len() as usize;
             let first = blocks.len();
+            // Landing pieces: a head up to the next block boundary, whole
+            // blocks, a tail.
+            let mut bounds = Vec::new();
             let mut left = total;
+            let head = if c.position != 0 && skew > 0 {
+                BLK - skew
+            } else {
+                BLK
+            };
+            let mut n = left.min(head);
             while left > 0 {
-                let n = left.min(BLK);
-                blocks.push((n.max(4096).next_power_of_two().min(BLK), Vec::new()));
+                blocks.push((class(n), Vec::new()));
+                bounds.push(n);
                 left -= n;
+                n = left.min(BLK);
             }
             layout.push((total, blocks.len() - first));
-            let mut at = 0usize;
+            let mut piece = first;
+            let mut in_piece = 0usize;
             for seg in &c.segments {
                 let mut done = 0usize;
                 while done < seg.length as usize {
-                    let bi = first + at / BLK;
-                    let off = at % BLK;
-                    let n = (seg.length as usize - done).min(BLK - off);
-                    blocks[bi].1.push((
-                        off,
+                    if in_piece == bounds[piece - first] {
+                        piece += 1;
+                        in_piece = 0;
+                    }
+                    let n = (seg.length as usize - done).min(bounds[piece - first] - in_piece);
+                    blocks[piece].1.push((
+                        in_piece,
                         RemoteBuf {
                             addr: seg.offset + done as u64,
                             len: n as u32,
@@ -785,7 +802,7 @@ impl Conn {
                         },
                     ));
                     done += n;
-                    at += n;
+                    in_piece += n;
                 }
             }
         }
@@ -845,22 +862,19 @@ impl Conn {
         let mut data = Vec::with_capacity(r.layout.len());
         for (total, nblocks) in &r.layout {
             let mut p = Payload::new();
+            let mut landing = Vec::with_capacity(*nblocks);
             let mut left = *total;
             for _ in 0..*nblocks {
                 let b = blocks.next().flatten().expect("every block completed");
-                let n = left.min(b.len());
-                p.push(Bytes::from_owner(b).slice(0..n));
+                let block = Block::from_memory(Box::new(b));
+                let n = left.min(block.capacity());
+                p.push(block.slice(0..n));
+                landing.push(block);
                 left -= n;
             }
-            data.push(p);
-        }
-        // The data reached the decoder without a copy; the store then copies
-        // a WRITE's data from these landing blocks into the file's blocks
-        // (one copy, counted here).
-        if let Some(c) = r.call.read_chunks.iter().find(|c| c.position != 0) {
-            self.stats
-                .payload_copies
-                .fetch_add(c.total_len(), Ordering::Relaxed);
+            // The landing blocks travel with the data: the store takes
+            // whole ones over instead of copying them.
+            data.push(p.with_attachment(Arc::new(LandingBlocks(landing))));
         }
         tracing::trace!(xid = r.call.xid, took = ?r.started.elapsed(), "chunks read");
         self.execute(r.call, data, Some(r.chunk))
@@ -1061,4 +1075,18 @@ impl Conn {
             .store(u64::from(self.rcfg.credits), Ordering::Relaxed);
         Ok(slot)
     }
+}
+
+/// The file offset of an NFSv3 WRITE call, from its inline part (the RPC
+/// header and the arguments up to the data).
+fn write_offset(inline: &Bytes) -> Option<u64> {
+    use nfsrdma_xdr::nfs3::{NfsFh3, NfsProc3, PROGRAM, VERSION};
+    let mut d = nfsrdma_xdr::Decoder::new(inline.clone());
+    let h = RpcMessage::decode(&mut d).ok()?;
+    let c = h.as_call()?;
+    if (c.prog, c.vers, c.proc_) != (PROGRAM, VERSION, NfsProc3::Write as u32) {
+        return None;
+    }
+    NfsFh3::decode(&mut d).ok()?;
+    d.u64("offset").ok()
 }

@@ -265,6 +265,10 @@ fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
         "Send With Invalidate"
     );
     assert_eq!(counter(&report, "RDMA_ERROR vers "), 0);
+    // READ data went out of file blocks without a copy, and aligned WRITE
+    // data (64 KiB and 1 MiB records) became file blocks without one.
+    assert_eq!(counter(&report, "payload bytes copied "), 0);
+    assert!(counter(&report, "taken over without a copy ") >= 2 * ((mb as u64) << 20));
     assert_eq!(counter(&report, "connection errors "), 0);
 
     // The kernel's nfsd, same workload.

@@ -24,7 +24,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-pub use payload::Payload;
+pub use payload::{Attachment, Payload};
 
 #[macro_use]
 mod macros;

@@ -10,7 +10,13 @@ use bytes::{Bytes, BytesMut};
 pub struct Payload {
     repr: Repr,
     len: usize,
+    attachment: Option<Attachment>,
 }
+
+/// Something the producer of a payload attaches for its consumer (for
+/// example the registered blocks an RDMA Read landed the data in, which a
+/// store can take over instead of copying). Not part of the contents.
+pub type Attachment = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 #[derive(Clone)]
 enum Repr {
@@ -39,7 +45,22 @@ impl Payload {
             1 => Repr::One(v.pop().expect("one part")),
             _ => Repr::Many(v),
         };
-        Payload { repr, len }
+        Payload {
+            repr,
+            len,
+            attachment: None,
+        }
+    }
+
+    /// The payload with `a` attached.
+    pub fn with_attachment(mut self, a: Attachment) -> Self {
+        self.attachment = Some(a);
+        self
+    }
+
+    /// What the producer attached, if anything.
+    pub fn attachment(&self) -> Option<&Attachment> {
+        self.attachment.as_ref()
     }
 
     /// Total length in bytes.
@@ -133,6 +154,7 @@ impl From<Bytes> for Payload {
         Payload {
             len: b.len(),
             repr: Repr::One(b),
+            attachment: None,
         }
     }
 }

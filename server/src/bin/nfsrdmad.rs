@@ -286,7 +286,7 @@ async fn run(
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = usr1.recv() => {
-                eprint!("{}", service.metrics().report());
+                eprint!("{}", service.report());
                 if let Some(s) = &rdma_stats {
                     eprint!("{}", s.report());
                 }
@@ -310,7 +310,7 @@ async fn run(
         })
         .await;
     }
-    eprint!("{}", service.metrics().report());
+    eprint!("{}", service.report());
     if let Some(s) = &rdma_stats {
         eprint!("{}", s.report());
     }

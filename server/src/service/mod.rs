@@ -251,6 +251,24 @@ impl Service {
         &self.metrics
     }
 
+    /// WRITE data bytes over all exports: (copied into file blocks, taken
+    /// over from registered landing blocks without a copy).
+    pub fn write_stats(&self) -> (u64, u64) {
+        self.exports.iter().fold((0, 0), |(c, a), e| {
+            let (c2, a2) = e.store.read().write_stats();
+            (c + c2, a + a2)
+        })
+    }
+
+    /// The per-procedure report followed by the store's data-path line.
+    pub fn report(&self) -> String {
+        let (copied, adopted) = self.write_stats();
+        format!(
+            "{}store: WRITE bytes copied {copied}, taken over without a copy {adopted}\n",
+            self.metrics.report()
+        )
+    }
+
     /// The duplicate request cache.
     pub fn drc(&self) -> &Drc {
         &self.drc

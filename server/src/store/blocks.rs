@@ -77,6 +77,11 @@ impl Block {
         Some(Block { buf: Arc::new(mem) })
     }
 
+    /// A block over memory from elsewhere (a registered landing block).
+    pub fn from_memory(mem: Box<dyn BlockMemory>) -> Block {
+        Block { buf: Arc::new(mem) }
+    }
+
     /// Bytes of memory the block holds.
     pub fn capacity(&self) -> usize {
         (**self.buf).as_ref().len()
@@ -121,6 +126,24 @@ impl Block {
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Block({} bytes)", self.capacity())
+    }
+}
+
+/// Blocks an RDMA Read landed WRITE data in, attached to the data's
+/// [`nfsrdma_xdr::Payload`] so that the store can take whole ones over
+/// instead of copying them.
+#[derive(Debug, Default)]
+pub struct LandingBlocks(pub Vec<Block>);
+
+impl LandingBlocks {
+    /// The landing block that `part` is, whole (same memory, full
+    /// [`BLOCK_SIZE`]).
+    pub fn whole_block(&self, part: &Bytes) -> Option<&Block> {
+        self.0.iter().find(|b| {
+            b.capacity() == BLOCK_SIZE
+                && part.len() == BLOCK_SIZE
+                && b.as_slice().as_ptr() == part.as_ptr()
+        })
     }
 }
 

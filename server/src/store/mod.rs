@@ -193,6 +193,10 @@ pub struct Fs {
     used_bytes: u64,
     source: Box<dyn BlockSource>,
     handle_key: std::collections::hash_map::RandomState,
+    /// WRITE bytes copied into file blocks.
+    write_copied: u64,
+    /// WRITE bytes whose landing blocks became file blocks (no copy).
+    write_adopted: u64,
 }
 
 /// An in-memory file system shared by the service's workers.
@@ -218,6 +222,8 @@ impl Store {
             used_bytes: 0,
             source,
             handle_key: Default::default(),
+            write_copied: 0,
+            write_adopted: 0,
         };
         let now = now();
         let root = fs
@@ -1115,6 +1121,9 @@ impl Fs {
         let mut src_part = 0usize;
         let mut src_off = 0usize;
         let parts = data.parts();
+        let landing = data
+            .attachment()
+            .and_then(|a| a.downcast_ref::<blocks::LandingBlocks>());
         let mut pos = offset;
         for bi in first..=last {
             let block_start = bi * BLOCK_SIZE as u64;
@@ -1122,6 +1131,20 @@ impl Fs {
             let end_in_block = ((end - block_start) as usize).min(BLOCK_SIZE);
             let want = block_size_for(new_size, end_in_block);
             let old_cap = f.blocks.get(&bi).map_or(0, Block::capacity);
+            // A whole block of data that arrived in a registered block of
+            // its own (an RDMA Read landed it there): take that block over
+            // instead of copying it.
+            if in_block == 0 && end_in_block == BLOCK_SIZE && want == BLOCK_SIZE && src_off == 0 {
+                if let Some(b) = landing.and_then(|l| l.whole_block(&parts[src_part])) {
+                    f.blocks.insert(bi, b.clone());
+                    f.used = f.used + BLOCK_SIZE as u64 - old_cap as u64;
+                    self.used_bytes = self.used_bytes + BLOCK_SIZE as u64 - old_cap as u64;
+                    self.write_adopted += BLOCK_SIZE as u64;
+                    src_part += 1;
+                    pos = block_start + BLOCK_SIZE as u64;
+                    continue;
+                }
+            }
             let mut block = match f.blocks.remove(&bi) {
                 None => Block::new(self.source.as_ref(), want).ok_or(NfsStat3::Nospc)?,
                 Some(b) if b.capacity() < want || b.is_shared() => {
@@ -1138,6 +1161,7 @@ impl Fs {
                 let p = &parts[src_part];
                 let n = (p.len() - src_off).min(end_in_block - at);
                 dst[at..at + n].copy_from_slice(&p[src_off..src_off + n]);
+                self.write_copied += n as u64;
                 at += n;
                 src_off += n;
                 if src_off == p.len() {
@@ -1199,6 +1223,12 @@ impl Fs {
     }
 
     // ---- file system -------------------------------------------------------
+
+    /// WRITE data bytes (copied into file blocks, taken over without a
+    /// copy) since the store was created.
+    pub fn write_stats(&self) -> (u64, u64) {
+        (self.write_copied, self.write_adopted)
+    }
 
     /// (total bytes, free bytes, total inodes, free inodes).
     pub fn fsstat(&self) -> (u64, u64, u64, u64) {

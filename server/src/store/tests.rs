@@ -2,6 +2,7 @@
 //! capacity, handles.
 
 use super::*;
+use blocks::{Block, HeapSource};
 
 fn store() -> Store {
     Store::new(StoreConfig::default())
@@ -657,4 +658,54 @@ fn null_store_discards_data() {
     let a = fs.getattr(f).unwrap();
     assert_eq!((a.size, a.used), (100_000, 0));
     assert_eq!(read(&fs, f, 0, 10).0, vec![0u8; 10]);
+}
+
+#[test]
+fn whole_landing_blocks_are_taken_over_instead_of_copied() {
+    use blocks::{LandingBlocks, BLOCK_SIZE};
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    let landing: Vec<Block> = (0..2u8)
+        .map(|i| {
+            let mut b = Block::new(&HeapSource, BLOCK_SIZE).unwrap();
+            b.get_mut().unwrap().fill(i + 1);
+            b
+        })
+        .collect();
+    // A head of 4 KiB (not whole: copied), then two whole blocks.
+    let head = Bytes::from(vec![9u8; 4096]);
+    let p = Payload::from_parts([
+        head,
+        landing[0].slice(0..BLOCK_SIZE),
+        landing[1].slice(0..BLOCK_SIZE),
+    ])
+    .with_attachment(std::sync::Arc::new(LandingBlocks(landing.clone())));
+    fs.write(f, &Cred::root(), (BLOCK_SIZE - 4096) as u64, &p)
+        .unwrap();
+    assert_eq!(fs.write_stats(), (4096, 2 * BLOCK_SIZE as u64));
+    // The file's blocks 1 and 2 are the landing blocks' memory.
+    let (r, _) = fs.read(f, &Cred::root(), BLOCK_SIZE as u64, 16).unwrap();
+    assert_eq!(r.parts()[0].as_ptr(), landing[0].as_slice().as_ptr());
+    let (all, _) = fs.read(f, &Cred::root(), 0, 3 * BLOCK_SIZE as u32).unwrap();
+    let all: Vec<u8> = all.bytes().collect();
+    assert!(all[..BLOCK_SIZE - 4096].iter().all(|b| *b == 0));
+    assert!(all[BLOCK_SIZE - 4096..BLOCK_SIZE].iter().all(|b| *b == 9));
+    assert!(all[BLOCK_SIZE..2 * BLOCK_SIZE].iter().all(|b| *b == 1));
+    assert!(all[2 * BLOCK_SIZE..].iter().all(|b| *b == 2));
+    // Without the attachment the same data is copied.
+    let p2 = Payload::from_parts([landing[0].slice(0..BLOCK_SIZE)]);
+    fs.write(f, &Cred::root(), 0, &p2).unwrap();
+    assert_eq!(fs.write_stats().0, 4096 + BLOCK_SIZE as u64);
+    // A later write into a taken-over block, while nobody else holds it,
+    // happens in place and does not change the landing data it came from
+    // only because the landing handle above still shares it (copy on
+    // write).
+    write(&mut fs, f, BLOCK_SIZE as u64, b"x");
+    assert_eq!(
+        landing[0].as_slice()[0],
+        1,
+        "shared block was copied, not changed"
+    );
 }
