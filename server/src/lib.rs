@@ -6,5 +6,6 @@ pub mod exports;
 pub mod rdma;
 pub mod rpcbind;
 pub mod service;
+pub mod state;
 pub mod store;
 pub mod tcp;

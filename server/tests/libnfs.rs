@@ -14,6 +14,10 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Daemon {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
             .args([
                 "--export",
@@ -21,7 +25,9 @@ impl Daemon {
                 "--tcp",
                 "127.0.0.1:0",
                 "--no-rpcbind",
+                "--no-rdma",
             ])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -221,4 +227,72 @@ fn libnfs_clients_against_nfsrdmad() {
         stderr.contains("WRITE") && stderr.contains("READ"),
         "{stderr}"
     );
+}
+
+#[test]
+fn planned_restart_keeps_data_and_a_killed_daemon_loses_it() {
+    let cp = tool("nfs-cp");
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("state-e2e");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let state = tmp.join("nfsrdmad.state");
+    let st = state.to_str().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 253) as u8).collect();
+    let up = tmp.join("up");
+    std::fs::write(&up, &data).unwrap();
+
+    // Write, stop with SIGTERM: the state is saved.
+    let d = Daemon::start_with(&["--state", st]);
+    ok(&cp, &[up.to_str().unwrap(), &d.url("/kept")]);
+    let (clean, err) = d.stop();
+    assert!(clean, "{err}");
+    assert!(state.exists(), "no state file written");
+
+    // Start again from the state: the file is there, byte for byte.
+    let d = Daemon::start_with(&["--state", st]);
+    let down = tmp.join("down");
+    ok(&cp, &[&d.url("/kept"), down.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&down).unwrap() == data,
+        "data changed across a planned restart"
+    );
+    // Write more, then kill the daemon: what came after the last planned
+    // stop is lost (the store lives in memory), the rest is not.
+    ok(&cp, &[up.to_str().unwrap(), &d.url("/lost")]);
+    let mut d = d;
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    drop(d);
+    let d = Daemon::start_with(&["--state", st]);
+    let down2 = tmp.join("down2");
+    ok(&cp, &[&d.url("/kept"), down2.to_str().unwrap()]);
+    assert!(std::fs::read(&down2).unwrap() == data);
+    let o = Command::new(&cp)
+        .args([&d.url("/lost"), tmp.join("x").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "a file written after the last planned stop survived a kill"
+    );
+    let (clean, err) = d.stop();
+    assert!(clean, "{err}");
+
+    // A damaged state file is refused with a clear error, not ignored.
+    std::fs::write(&state, b"garbage").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args([
+            "--export",
+            "/export",
+            "--tcp",
+            "127.0.0.1:0",
+            "--no-rpcbind",
+            "--no-rdma",
+            "--state",
+            st,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an nfsrdmad state file"));
 }

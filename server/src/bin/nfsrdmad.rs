@@ -58,6 +58,10 @@ struct Args {
     /// Files each export may hold [default: 1048576].
     #[arg(long, value_name = "N")]
     max_inodes: Option<u64>,
+    /// Save the stores to FILE on SIGTERM/SIGINT and load them from it at
+    /// start, so that a planned restart loses nothing.
+    #[arg(long, value_name = "FILE")]
+    state: Option<PathBuf>,
     /// Calls executing at once [default: 64].
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
@@ -83,6 +87,7 @@ struct Config {
     max_inodes: Option<u64>,
     workers: Option<usize>,
     max_record: Option<String>,
+    state: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64> {
@@ -205,10 +210,28 @@ fn main() -> Result<()> {
             Err(e) => return Err(e).with_context(|| format!("RDMA device for {}", rdma.addr)),
         }
     }
-    let exports = match &device {
+    let mut exports = match &device {
         Some(d) => Service::exports_from_rules_with(&rules, &store, &|| d.block_source()),
         None => Service::exports_from_rules(&rules, &store),
     };
+    let state = args.state.clone().or(cfg.state.clone());
+    if let Some(path) = &state {
+        let source =
+            |d: &Option<Arc<RdmaDevice>>| -> Box<dyn nfsrdma_server::store::blocks::BlockSource> {
+                match d {
+                    Some(d) => d.block_source(),
+                    None => Box::new(nfsrdma_server::store::blocks::HeapSource),
+                }
+            };
+        let (loaded, dropped) =
+            nfsrdma_server::state::load(path, &mut exports, &|| source(&device))?;
+        for p in &loaded {
+            tracing::info!(path = %p, state = %path.display(), "export loaded from the state file");
+        }
+        for p in &dropped {
+            tracing::warn!(path = %p, "the state file has an export that is no longer configured; it is dropped");
+        }
+    }
     let rdma = device.map(|d| (rdma, d));
     for e in &exports {
         tracing::info!(path = %e.path, fsid = e.store.fsid(), "export");
@@ -219,7 +242,13 @@ fn main() -> Result<()> {
         .enable_all()
         .thread_name("nfsrdmad")
         .build()?;
-    rt.block_on(run(service, addr, tcp, use_rpcbind, rdma))
+    rt.block_on(run(service.clone(), addr, tcp, use_rpcbind, rdma))?;
+    if let Some(path) = &state {
+        nfsrdma_server::state::save(path, service.exports())
+            .with_context(|| format!("saving the state to {}", path.display()))?;
+        tracing::info!(state = %path.display(), "stores saved");
+    }
+    Ok(())
 }
 
 async fn run(

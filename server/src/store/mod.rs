@@ -18,6 +18,24 @@ use nfsrdma_xdr::nfs3::{
 use nfsrdma_xdr::Payload;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
+
+mod snapshot;
+pub use snapshot::SnapshotError;
+
+/// A fresh random secret (from the standard library's per-process random
+/// hash keys and the clock).
+fn random_key() -> [u64; 2] {
+    let s = std::collections::hash_map::RandomState::new();
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    let mut a = s.build_hasher();
+    a.write_u64(t);
+    let mut b = s.build_hasher();
+    b.write_u64(!t);
+    [a.finish(), b.finish()]
+}
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -192,7 +210,9 @@ pub struct Fs {
     inodes: u64,
     used_bytes: u64,
     source: Box<dyn BlockSource>,
-    handle_key: std::collections::hash_map::RandomState,
+    /// Secret mixed into handle check values (kept in snapshots, so that
+    /// handles survive a planned restart).
+    handle_key: [u64; 2],
     /// WRITE bytes copied into file blocks.
     write_copied: u64,
     /// WRITE bytes whose landing blocks became file blocks (no copy).
@@ -221,7 +241,7 @@ impl Store {
             inodes: 0,
             used_bytes: 0,
             source,
-            handle_key: Default::default(),
+            handle_key: random_key(),
             write_copied: 0,
             write_adopted: 0,
         };
@@ -393,7 +413,9 @@ impl Fs {
     // ---- handles -----------------------------------------------------------
 
     fn handle_check(&self, fileid: u64, generation: u32) -> u32 {
-        let mut h = self.handle_key.build_hasher();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        h.write_u64(self.handle_key[0]);
+        h.write_u64(self.handle_key[1]);
         h.write_u64(self.config.fsid);
         h.write_u64(fileid);
         h.write_u32(generation);

@@ -709,3 +709,99 @@ fn whole_landing_blocks_are_taken_over_instead_of_copied() {
         "shared block was copied, not changed"
     );
 }
+
+#[test]
+fn snapshot_restores_tree_data_handles_and_cookies() {
+    let s = store();
+    let (f, d, l, sparse, handles, verf, cookie_after_a) = {
+        let mut fs = s.write();
+        let root = fs.root();
+        let d = mkdir(&mut fs, root, "dir");
+        let f = mkfile(&mut fs, d, "file");
+        write(&mut fs, f, 0, b"hello snapshot");
+        fs.link(f, root, b"hard", &Cred::root()).unwrap();
+        let l = fs
+            .create(
+                root,
+                b"link",
+                &Cred::root(),
+                NewNode::Symlink(Bytes::from_static(b"dir/file")),
+                CreateMode::Guarded,
+                &Sattr3::default(),
+            )
+            .unwrap();
+        let sparse = mkfile(&mut fs, root, "sparse");
+        write(&mut fs, sparse, 5 << 20, b"tail");
+        // A removed file leaves a free slot with a bumped generation.
+        let gone = mkfile(&mut fs, root, "gone");
+        let gone_h = fs.handle(gone);
+        fs.remove(root, b"gone", &Cred::root()).unwrap();
+        let mut n = 0;
+        let (e, _) = fs
+            .readdir(root, &Cred::root(), 0, [0; 8], |_| {
+                n += 1;
+                n <= 3
+            })
+            .unwrap();
+        let handles = vec![
+            fs.handle(root),
+            fs.handle(d),
+            fs.handle(f),
+            fs.handle(l),
+            gone_h,
+        ];
+        (
+            f,
+            d,
+            l,
+            sparse,
+            handles,
+            fs.cookieverf(root),
+            e.last().unwrap().cookie,
+        )
+    };
+    let mut buf = Vec::new();
+    s.snapshot(&mut buf).unwrap();
+    let r = Store::restore(StoreConfig::default(), Box::new(HeapSource), &mut &buf[..]).unwrap();
+    let fs = r.read();
+    // Handles resolve to the same inodes; the removed one is still stale.
+    assert_eq!(fs.resolve(&handles[1]), Ok(d));
+    assert_eq!(fs.resolve(&handles[2]), Ok(f));
+    assert_eq!(fs.resolve(&handles[3]), Ok(l));
+    assert_eq!(fs.resolve(&handles[4]), Err(NfsStat3::Stale));
+    assert_eq!(read(&fs, f, 0, 100).0, b"hello snapshot");
+    assert_eq!(fs.getattr(f).unwrap().nlink, 2);
+    assert_eq!(&fs.readlink(l).unwrap()[..], b"dir/file");
+    let a = fs.getattr(sparse).unwrap();
+    assert_eq!((a.size, a.used), ((5 << 20) + 4, blocks::BLOCK_SIZE as u64));
+    assert_eq!(read(&fs, sparse, (5 << 20) - 2, 10).0, b"\0\0tail");
+    // A cookie from before the restart continues the listing.
+    let root = fs.root();
+    let (rest, eof) = fs
+        .readdir(root, &Cred::root(), cookie_after_a, verf, |_| true)
+        .unwrap();
+    assert!(eof);
+    assert!(!rest.is_empty());
+    assert_eq!(fs.fsstat(), s.read().fsstat());
+    // Garbage and another fsid are refused.
+    assert!(Store::restore(
+        StoreConfig::default(),
+        Box::new(HeapSource),
+        &mut &b"nonsense"[..]
+    )
+    .is_err());
+    let other = StoreConfig {
+        fsid: 9,
+        ..Default::default()
+    };
+    assert!(matches!(
+        Store::restore(other, Box::new(HeapSource), &mut &buf[..]),
+        Err(SnapshotError::Fsid {
+            found: 1,
+            expected: 9
+        })
+    ));
+    let mut cut = buf.clone();
+    cut.truncate(buf.len() / 2);
+    assert!(Store::restore(StoreConfig::default(), Box::new(HeapSource), &mut &cut[..]).is_err());
+}
