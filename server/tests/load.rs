@@ -148,7 +148,7 @@ async fn drive(addr: SocketAddr, id: usize, end: Instant) -> u64 {
     loop {
         while inflight.len() < DEPTH && Instant::now() < end {
             n += 1;
-            let blk = (n * 2654435761 % FILE_BLOCKS as u64) as usize;
+            let blk = (n * 2654435761 % FILE_BLOCKS) as usize;
             c.xid += 1;
             let kind = (n % 3) as u8;
             let msg = match kind {
