@@ -49,26 +49,56 @@ pub enum PollArg {
 }
 
 /// Connection options taken by every subcommand.
+///
+/// `--transport`, `--remote-inv`, `--reg` and `--poll` take a comma list
+/// (`--poll busy,event`): `nfsrdma bench` runs one variant per combination
+/// of the values given ([`ConnArgs::choices`]); every other subcommand takes
+/// one value ([`ConnArgs::check_single`]).
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Connection options")]
 pub struct ConnArgs {
-    /// Transport to the server.
-    #[arg(long, value_enum, default_value_t = TransportArg::Tcp, global = true)]
-    pub transport: TransportArg,
+    /// Transport to the server (bench: a comma list, one variant each).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tcp",
+        global = true
+    )]
+    pub transport: Vec<TransportArg>,
     /// NFS port [default: 2049 for tcp, 20049 for rdma].
     #[arg(long, global = true)]
     pub port: Option<u16>,
     /// MOUNT port [default: ask the server's rpcbind].
     #[arg(long, global = true)]
     pub mount_port: Option<u16>,
-    /// RDMA: offer remote invalidation (RFC 8797).
-    #[arg(long, value_enum, default_value_t = OnOff::On, global = true)]
-    pub remote_inv: OnOff,
-    /// RDMA: memory registration strategy.
-    #[arg(long, value_enum, default_value_t = RegArg::Mw, global = true)]
-    pub reg: RegArg,
-    /// RDMA: completion polling mode.
-    #[arg(long, value_enum, default_value_t = PollArg::Adaptive, global = true)]
-    pub poll: PollArg,
+    /// RDMA: offer remote invalidation (RFC 8797) (bench: a comma list).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "on",
+        global = true
+    )]
+    pub remote_inv: Vec<OnOff>,
+    /// RDMA: memory registration strategy (bench: a comma list).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "mw",
+        global = true
+    )]
+    pub reg: Vec<RegArg>,
+    /// RDMA: completion polling mode (bench: a comma list).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "adaptive",
+        global = true
+    )]
+    pub poll: Vec<PollArg>,
     /// AUTH_SYS uid [default: this process's].
     #[arg(long, global = true)]
     pub uid: Option<u32>,
@@ -101,9 +131,127 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// One combination of the list-valued connection options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnChoice {
+    /// `--transport`.
+    pub transport: TransportArg,
+    /// `--remote-inv`.
+    pub remote_inv: OnOff,
+    /// `--reg`.
+    pub reg: RegArg,
+    /// `--poll`.
+    pub poll: PollArg,
+}
+
+impl TransportArg {
+    /// The flag's spelling of this value.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportArg::Tcp => "tcp",
+            TransportArg::Rdma => "rdma",
+        }
+    }
+}
+
+impl OnOff {
+    /// The flag's spelling of this value.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnOff::On => "on",
+            OnOff::Off => "off",
+        }
+    }
+}
+
+impl RegArg {
+    /// The flag's spelling of this value.
+    pub fn name(self) -> &'static str {
+        match self {
+            RegArg::Mw => "mw",
+            RegArg::RegMr => "reg-mr",
+            RegArg::Persistent => "persistent",
+        }
+    }
+}
+
+impl PollArg {
+    /// The flag's spelling of this value.
+    pub fn name(self) -> &'static str {
+        match self {
+            PollArg::Busy => "busy",
+            PollArg::Event => "event",
+            PollArg::Adaptive => "adaptive",
+        }
+    }
+}
+
+fn first<T: Copy>(v: &[T], default: T) -> T {
+    v.first().copied().unwrap_or(default)
+}
+
 impl ConnArgs {
-    /// The client options these flags select.
+    /// The client options these flags select (the first value of an
+    /// option given as a list; see [`ConnArgs::check_single`]).
     pub fn to_options(&self) -> ConnectOptions {
+        self.options_for(&ConnChoice {
+            transport: first(&self.transport, TransportArg::Tcp),
+            remote_inv: first(&self.remote_inv, OnOff::On),
+            reg: first(&self.reg, RegArg::Mw),
+            poll: first(&self.poll, PollArg::Adaptive),
+        })
+    }
+
+    /// The options given more than one value, by flag name.
+    pub fn list_options(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, n) in [
+            ("--transport", self.transport.len()),
+            ("--remote-inv", self.remote_inv.len()),
+            ("--reg", self.reg.len()),
+            ("--poll", self.poll.len()),
+        ] {
+            if n > 1 {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    /// An error naming the first option given a list, for the subcommands
+    /// that take one value.
+    pub fn check_single(&self) -> Result<(), String> {
+        match self.list_options().first() {
+            None => Ok(()),
+            Some(name) => Err(format!(
+                "{name} takes a list only with `nfsrdma bench`; give one value"
+            )),
+        }
+    }
+
+    /// Every combination of the list-valued options, in order: transport
+    /// varies slowest, then remote invalidation, registration, polling.
+    pub fn choices(&self) -> Vec<ConnChoice> {
+        let mut out = Vec::new();
+        for &transport in &self.transport {
+            for &remote_inv in &self.remote_inv {
+                for &reg in &self.reg {
+                    for &poll in &self.poll {
+                        out.push(ConnChoice {
+                            transport,
+                            remote_inv,
+                            reg,
+                            poll,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The client options of one combination.
+    pub fn options_for(&self, c: &ConnChoice) -> ConnectOptions {
         let mut sys = AuthSys::current_process();
         if let Some(u) = self.uid {
             sys.uid = u;
@@ -113,7 +261,7 @@ impl ConnArgs {
             sys.gids.clear();
         }
         ConnectOptions {
-            transport: match self.transport {
+            transport: match c.transport {
                 TransportArg::Tcp => TransportKind::Tcp,
                 TransportArg::Rdma => TransportKind::Rdma,
             },
@@ -126,13 +274,13 @@ impl ConnArgs {
             rsize: self.rsize,
             wsize: self.wsize,
             rdma: RdmaOptions {
-                remote_inv: self.remote_inv == OnOff::On,
-                reg: match self.reg {
+                remote_inv: c.remote_inv == OnOff::On,
+                reg: match c.reg {
                     RegArg::Mw => RegStrategy::Mw,
                     RegArg::RegMr => RegStrategy::RegMr,
                     RegArg::Persistent => RegStrategy::Persistent,
                 },
-                poll: match self.poll {
+                poll: match c.poll {
                     PollArg::Busy => PollMode::Busy,
                     PollArg::Event => PollMode::Event,
                     PollArg::Adaptive => PollMode::Adaptive,

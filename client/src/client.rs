@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 
-/// Memory registration strategy of the RDMA transport (accepted now, used
-/// when RPC-over-RDMA is built).
+/// Memory registration strategy of the RDMA transport (see
+/// [`crate::transport::rdma`] for what each costs and protects).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RegStrategy {
     /// A type-2 memory window bound per RPC.
@@ -26,7 +26,9 @@ pub enum RegStrategy {
     Mw,
     /// A memory region registered per RPC.
     RegMr,
-    /// Buffers registered once, for the connection's life.
+    /// Buffers registered once, for the connection's life, with their own
+    /// rkey on the wire: fastest, least safe (the server may access every
+    /// chunk buffer of the connection at any time).
     Persistent,
 }
 
@@ -136,6 +138,16 @@ impl ConnectOptions {
         }
     }
 
+    fn rdma_transport(&self) -> crate::transport::rdma::RdmaTransportOptions {
+        crate::transport::rdma::RdmaTransportOptions {
+            rdma: self.rdma,
+            timeo: self.timeo,
+            retrans: self.retrans,
+            soft: self.soft,
+            connect_timeout: self.timeo.min(Duration::from_secs(30)),
+        }
+    }
+
     /// MOUNT and portmapper calls are always soft: a mount that cannot
     /// complete is reported.
     fn tcp_setup(&self) -> TcpOptions {
@@ -223,17 +235,22 @@ struct Setup {
     mount_addr: SocketAddr,
     nfs_addr: SocketAddr,
     mounter: MountClient,
+    /// The RDMA transport, already connected (RDMA only).
+    rdma: Option<Arc<dyn Transport>>,
 }
 
 impl Setup {
     async fn new(opts: &ConnectOptions, server: &str) -> Result<Setup> {
         let ip = resolve(server).await?;
-        if opts.transport == TransportKind::Rdma {
-            // Fails until the RDMA transport exists; MOUNT would still run
-            // over TCP.
-            let nfs = SocketAddr::new(ip, opts.port.unwrap_or(20049));
-            crate::transport::rdma::connect(nfs, &opts.rdma).await?;
-        }
+        let nfs_addr = SocketAddr::new(ip, opts.port.unwrap_or(opts.transport.default_nfs_port()));
+        // RDMA connects first, so that a missing device or a server without
+        // RPC-over-RDMA is reported before MOUNT (which always runs over
+        // TCP).
+        let rdma = if opts.transport == TransportKind::Rdma {
+            Some(crate::transport::rdma::connect(nfs_addr, opts.rdma_transport()).await?)
+        } else {
+            None
+        };
         let mount_port = match opts.mount_port {
             Some(p) => p,
             None => {
@@ -247,7 +264,6 @@ impl Setup {
             }
         };
         let mount_addr = SocketAddr::new(ip, mount_port);
-        let nfs_addr = SocketAddr::new(ip, opts.port.unwrap_or(opts.transport.default_nfs_port()));
         let mounter =
             MountClient::connect(mount_addr, opts.tcp_setup(), opts.auth.to_opaque_auth()).await?;
         Ok(Setup {
@@ -255,6 +271,7 @@ impl Setup {
             mount_addr,
             nfs_addr,
             mounter,
+            rdma,
         })
     }
 
@@ -271,11 +288,14 @@ impl Setup {
                 return Err(ClientError::NoUsableAuth(flavors));
             }
         }
-        let t = TcpTransport::connect(self.nfs_addr, opts.tcp()).await?;
+        let t: Arc<dyn Transport> = match self.rdma {
+            Some(t) => t,
+            None => Arc::new(TcpTransport::connect(self.nfs_addr, opts.tcp()).await?),
+        };
         let cred = opts.auth.to_opaque_auth();
         let root = NfsFh3(ok.fhandle.0);
         let fsinfo: Fsinfo3Res = call(
-            &t,
+            &*t,
             &cred,
             nfs_target(NfsProc3::Fsinfo),
             &FsRootArgs {
@@ -294,7 +314,7 @@ impl Setup {
         let wsize = pick(opts.wsize, fsinfo.wtpref, fsinfo.wtmax);
         Ok(Client {
             inner: Arc::new(Inner {
-                nfs: Arc::new(t),
+                nfs: t,
                 cred,
                 root,
                 export: export.to_string(),

@@ -129,6 +129,10 @@ pub enum ClientError {
     /// The feature is not built yet.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// The RPC-over-RDMA transport failed (no device, connection manager,
+    /// registration, or the server broke the RPC-over-RDMA protocol).
+    #[error("RPC-over-RDMA: {0}")]
+    Rdma(String),
     /// The client was shut down while the call waited.
     #[error("the transport is shut down")]
     Shutdown,

@@ -1,5 +1,5 @@
-//! The nfsrdma client library: NFSv3 (RFC 1813) over TCP, with the transport
-//! behind one trait so that RPC-over-RDMA (RFC 8166) plugs in beside it.
+//! The nfsrdma client library: NFSv3 (RFC 1813) over TCP and over
+//! RPC-over-RDMA (RFC 8166, RFC 8797), with the transport behind one trait.
 //!
 //! - [`Client`]: a mounted export. Cheap to clone and shared between tasks;
 //!   typed async calls for all 22 NFSv3 procedures, plus
@@ -7,9 +7,13 @@
 //!   and [`Client::readdir_all`].
 //! - [`transport`]: the [`transport::Transport`] trait, the TCP transport
 //!   (record marking, many calls in flight, reconnection and retransmission
-//!   with the same XID) and the place where the RDMA transport goes.
+//!   with the same XID) and the RPC-over-RDMA transport
+//!   ([`transport::rdma`]: credits, memory windows / per-RPC regions /
+//!   persistent registration, remote invalidation).
 //! - [`mount`]: portmapper GETPORT and MOUNT v3 (MNT, UMNT, EXPORT).
 //! - [`auth`]: AUTH_SYS credentials.
+//! - [`bench`]: the `nfsrdma bench` latency lab (QD1 latency per record
+//!   size, throughput runs, reports).
 //! - [`cli`]: the connection options shared by the `nfsrdma` subcommands
 //!   and the `SERVER:/export/path` target syntax.
 //!
@@ -19,9 +23,11 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod bench;
 pub mod cli;
 mod client;
 mod error;
+pub mod fusemount;
 pub mod mount;
 pub mod rpc;
 pub mod transport;

@@ -70,6 +70,13 @@ enum Cmd {
         /// SERVER:/export/PATH
         remote: RemotePath,
     },
+    /// Latency lab: QD1 write/rewrite/read/reread per record size, or a
+    /// throughput run, for one or more variants of the connection options.
+    Bench(Box<nfsrdma_client::bench::BenchArgs>),
+    /// Mount an export on a local directory through FUSE.
+    Mount(nfsrdma_client::fusemount::MountArgs),
+    /// Unmount a directory mounted with `nfsrdma mount`.
+    Umount(nfsrdma_client::fusemount::UmountArgs),
 }
 
 fn main() -> ExitCode {
@@ -107,8 +114,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    if !matches!(cli.cmd, Cmd::Bench(_)) {
+        cli.conn.check_single().map_err(anyhow::Error::msg)?;
+    }
     let opts = cli.conn.to_options();
     match cli.cmd {
+        Cmd::Bench(args) => nfsrdma_client::bench::main(&cli.conn, &args).await,
+        Cmd::Mount(args) => nfsrdma_client::fusemount::mount_main(&cli.conn, args).await,
+        Cmd::Umount(args) => nfsrdma_client::fusemount::umount_main(&args),
         Cmd::Ls { recursive, target } => {
             with_target(&opts, &target, |c, rest| {
                 ls(c, rest, recursive, target.clone())

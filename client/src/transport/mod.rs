@@ -6,15 +6,14 @@
 //! ([`crate::Client`]) is the same for every transport.
 //!
 //! - [`tcp`]: ONC RPC record marking over TCP.
-//! - RPC-over-RDMA (RFC 8166): not built yet. It will implement
-//!   [`Transport`] with the sans-IO requester core of `nfsrdma-transport`
-//!   (`rpcrdma::requester::plan_call`), which is why a call is an encode
-//!   closure over `&mut dyn XdrSink` (the planner encodes it twice: once to
-//!   measure and to find the DDP-eligible item, once to send) and carries a
-//!   [`ReplyExpect`] (which sizes the Write chunk for READ data and the
-//!   Reply chunk for large replies). The slot table becomes the credit
-//!   count, and a reply whose READ data arrived in a Write chunk is decoded
-//!   with `Decoder::with_ddp_first`.
+//! - [`rdma`]: RPC-over-RDMA version 1 (RFC 8166, RFC 8797) on the sans-IO
+//!   requester core of `nfsrdma-transport` (`rpcrdma::requester::plan_call`),
+//!   which is why a call is an encode closure over `&mut dyn XdrSink` (the
+//!   planner encodes it twice: once to measure and to find the DDP-eligible
+//!   item, once to send) and carries a [`ReplyExpect`] (which sizes the
+//!   Write chunk for READ data and the Reply chunk for large replies). The
+//!   slot table is bounded by the credits, and a reply whose READ data
+//!   arrived in a Write chunk is decoded with `Decoder::with_ddp_first`.
 
 pub mod rdma;
 pub mod tcp;
@@ -22,7 +21,7 @@ pub mod tcp;
 use crate::error::ClientError;
 use bytes::Bytes;
 use nfsrdma_xdr::rpc::{AcceptStat, MessageBody, OpaqueAuth, RejectedReply, ReplyBody};
-use nfsrdma_xdr::{Decoder, XdrSink};
+use nfsrdma_xdr::{Decoder, Xdr, XdrSink};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -33,7 +32,7 @@ pub enum TransportKind {
     /// ONC RPC over TCP with record marking (port 2049 by default).
     #[default]
     Tcp,
-    /// RPC-over-RDMA version 1 (port 20049 by default); not built yet.
+    /// RPC-over-RDMA version 1 (port 20049 by default).
     Rdma,
 }
 
@@ -151,6 +150,16 @@ pub struct TransportStats {
     /// Reply records dropped because no call waited for their XID, or too
     /// short to carry one.
     pub unmatched_replies: u64,
+    /// RDMA: replies that arrived by Send With Invalidate (the server
+    /// invalidated one of the call's memory windows, RFC 8797).
+    pub send_with_invalidate: u64,
+    /// RDMA: LOCAL_INV work requests posted to fence memory windows.
+    pub local_invalidations: u64,
+    /// RDMA: memory window binds posted (the `mw` strategy).
+    pub window_binds: u64,
+    /// RDMA: memory regions registered for one RPC (the `reg-mr` strategy,
+    /// and chunks too large for a pool slot).
+    pub mr_registrations: u64,
 }
 
 /// Checks a complete reply message whose XID has been matched: returns the
@@ -162,7 +171,18 @@ pub fn parse_reply(
     vers: u32,
     proc_: u32,
 ) -> Result<Decoder, ClientError> {
-    let (msg, d) = nfsrdma_xdr::rpc::split_message(record)?;
+    reply_results(Decoder::new(record), prog, vers, proc_)
+}
+
+/// As [`parse_reply`], on a decoder at the start of the reply message (one
+/// that may carry direct-placed data, as an RDMA transport builds it).
+pub fn reply_results(
+    mut d: Decoder,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+) -> Result<Decoder, ClientError> {
+    let msg = nfsrdma_xdr::rpc::RpcMessage::decode(&mut d)?;
     let reply = match msg.body {
         MessageBody::Reply(r) => r,
         MessageBody::Call(_) => {

@@ -184,6 +184,7 @@ impl TcpTransport {
             connects: self.shared.connects.load(Ordering::Relaxed),
             retransmits: self.shared.retransmits.load(Ordering::Relaxed),
             unmatched_replies: self.shared.unmatched.load(Ordering::Relaxed),
+            ..TransportStats::default()
         }
     }
 
