@@ -142,15 +142,9 @@ impl Service {
             .writable(&t)
             .and_then(|_| fs.setattr(ino, &t.cred, &a.new_attributes, a.guard));
         let body = Setattr3ResBody {
-            obj_wcc: WccData {
-                before,
-                after: fs.getattr(ino).ok(),
-            },
+            obj_wcc: wcc(&fs, ino, before),
         };
-        match r {
-            Ok(()) => NfsResult::Ok(body),
-            Err(e) => NfsResult::Err(e, body),
-        }
+        same_body(r, body)
     }
 
     fn lookup(&self, c: &Caller, a: Lookup3Args) -> Lookup3Res {
@@ -257,10 +251,7 @@ impl Service {
             }
             fs.write(ino, &t.cred, a.offset, &a.data)
         });
-        let file_wcc = WccData {
-            before,
-            after: fs.getattr(ino).ok(),
-        };
+        let file_wcc = wcc(&fs, ino, before);
         match r {
             Ok(()) => NfsResult::Ok(Write3ResOk {
                 file_wcc,
@@ -315,10 +306,7 @@ impl Service {
         let r = self
             .writable(&t)
             .and_then(|_| fs.create(dir, &w.name, &t.cred, node, mode, attrs));
-        let dir_wcc = WccData {
-            before,
-            after: fs.getattr(dir).ok(),
-        };
+        let dir_wcc = wcc(&fs, dir, before);
         match r {
             Ok(ino) => NfsResult::Ok(DirOpResOk {
                 obj: Some(NfsFh3(fs.handle(ino))),
@@ -348,15 +336,9 @@ impl Service {
             }
         });
         let body = DirWcc {
-            dir_wcc: WccData {
-                before,
-                after: fs.getattr(dir).ok(),
-            },
+            dir_wcc: wcc(&fs, dir, before),
         };
-        match r {
-            Ok(()) => NfsResult::Ok(body),
-            Err(e) => NfsResult::Err(e, body),
-        }
+        same_body(r, body)
     }
 
     fn rename(&self, c: &Caller, a: Rename3Args) -> Rename3Res {
@@ -379,19 +361,10 @@ impl Service {
             .writable(&t)
             .and_then(|_| fs.rename(from, &a.from.name, to, &a.to.name, &t.cred));
         let body = Rename3ResBody {
-            fromdir_wcc: WccData {
-                before: fb,
-                after: fs.getattr(from).ok(),
-            },
-            todir_wcc: WccData {
-                before: tb,
-                after: fs.getattr(to).ok(),
-            },
+            fromdir_wcc: wcc(&fs, from, fb),
+            todir_wcc: wcc(&fs, to, tb),
         };
-        match r {
-            Ok(()) => NfsResult::Ok(body),
-            Err(e) => NfsResult::Err(e, body),
-        }
+        same_body(r, body)
     }
 
     fn link(&self, c: &Caller, a: Link3Args) -> Link3Res {
@@ -415,15 +388,9 @@ impl Service {
             .and_then(|_| fs.link(file, dir, &a.link.name, &t.cred));
         let body = Link3ResBody {
             file_attributes: fs.getattr(file).ok(),
-            linkdir_wcc: WccData {
-                before,
-                after: fs.getattr(dir).ok(),
-            },
+            linkdir_wcc: wcc(&fs, dir, before),
         };
-        match r {
-            Ok(()) => NfsResult::Ok(body),
-            Err(e) => NfsResult::Err(e, body),
-        }
+        same_body(r, body)
     }
 
     fn readdir(&self, c: &Caller, a: Readdir3Args) -> Readdir3Res {
@@ -636,5 +603,22 @@ impl Service {
             }),
             Err(e) => NfsResult::Err(e, FileWcc { file_wcc }),
         }
+    }
+}
+
+/// The result of a procedure whose success and failure carry the same body.
+fn same_body<T>(r: SResult<()>, body: T) -> NfsResult<T, T> {
+    match r {
+        Ok(()) => NfsResult::Ok(body),
+        Err(e) => NfsResult::Err(e, body),
+    }
+}
+
+/// Weak cache consistency data: the attributes taken before the operation
+/// and the object's attributes now.
+fn wcc(fs: &Fs, ino: Ino, before: Option<WccAttr>) -> WccData {
+    WccData {
+        before,
+        after: fs.getattr(ino).ok(),
     }
 }
