@@ -83,9 +83,9 @@ use crate::error::ClientError;
 use crate::{PollMode, RdmaOptions, RegStrategy};
 use bytes::{Bytes, BytesMut};
 use nfsrdma_transport::rdma::verbs::{
-    Access, CmId, CompletionChannel, CompletionQueue, ConnParam, EventChannel, MemoryRegion,
-    MemoryWindow, MwAccess, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
-    VerbsError, WcOpcode, WorkCompletion,
+    Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ConnParam, EventChannel,
+    MemoryRegion, MemoryWindow, MwAccess, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendFlags,
+    SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
 };
 use nfsrdma_transport::rpcrdma::requester::{
     self, plan_call, CallPlan, Registrations, Reply, ReplyMessage, RequesterConfig,
@@ -449,6 +449,16 @@ impl Shared {
             .name(format!("rdma-cq-{id}"))
             .spawn(move || c2.run())
             .map_err(|e| ClientError::Rdma(format!("starting the completion thread: {e}")))?;
+        let c3 = conn.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name(format!("rdma-cm-{id}"))
+            .spawn(move || c3.watch_cm())
+        {
+            conn.kill("no connection manager thread");
+            return Err(ClientError::Rdma(format!(
+                "starting the connection manager thread: {e}"
+            )));
+        }
         Ok(conn)
     }
 }
@@ -520,7 +530,7 @@ struct Conn {
     dead: AtomicBool,
     cm: CmId,
     _pd: Arc<ProtectionDomain>,
-    _events: Arc<EventChannel>,
+    events: Arc<EventChannel>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -687,7 +697,7 @@ impl Conn {
             dead: AtomicBool::new(false),
             cm,
             _pd: pd,
-            _events: events,
+            events,
         }))
     }
 
@@ -935,6 +945,30 @@ impl Conn {
             .binds
             .fetch_add(binds.len() as u64, Ordering::Relaxed);
         Ok(rx)
+    }
+
+    /// Watches the connection manager: a disconnect by the server (or the
+    /// device going away) drops the connection at once, instead of when a
+    /// call times out.
+    fn watch_cm(self: Arc<Self>) {
+        while !self.is_dead() {
+            match self.events.get_event(Some(Duration::from_millis(200))) {
+                Ok(ev) => match ev.kind {
+                    CmEventKind::Disconnected
+                    | CmEventKind::DeviceRemoval
+                    | CmEventKind::AddrChange
+                    | CmEventKind::ConnectError
+                    | CmEventKind::Unreachable => {
+                        self.kill(&format!("connection manager event {:?}", ev.kind));
+                    }
+                    _ => {}
+                },
+                Err(VerbsError::Timeout { .. }) => {}
+                Err(e) => {
+                    self.kill(&format!("connection manager: {e}"));
+                }
+            }
+        }
     }
 
     /// The completion thread.

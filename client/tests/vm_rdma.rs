@@ -1,0 +1,588 @@
+//! The RPC-over-RDMA transport against our server (in-process) and against
+//! the Linux kernel nfsd, in the Soft-RoCE VM (`scripts/test-vm -- vm_rdma`).
+//! On a machine without an RDMA device these tests are ignored.
+
+mod common;
+
+use bytes::Bytes;
+use common::{checksum, pattern, root, EXPORTS};
+use nfsrdma_client::transport::TransportStats;
+use nfsrdma_client::xdr::nfs3::*;
+use nfsrdma_client::{
+    Client, ClientError, ConnectOptions, PollMode, RdmaOptions, RegStrategy, TransportKind,
+};
+use nfsrdma_server::exports::Exports;
+use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
+use nfsrdma_server::service::{Service, ServiceConfig};
+use nfsrdma_server::store::StoreConfig;
+use nfsrdma_server::tcp::{TcpConfig, TcpServer};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn rdma_ip() -> IpAddr {
+    std::env::var("NFSRDMA_RDMA_ADDR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| "10.99.0.1".parse().unwrap())
+}
+
+/// Our server: NFS over RDMA on the rxe address, MOUNT (and NFS) over TCP.
+struct RdmaServer {
+    tcp: SocketAddr,
+    rdma_port: u16,
+    listener: Option<RdmaListener>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    service: Arc<Service>,
+    dev: Arc<RdmaDevice>,
+}
+
+impl RdmaServer {
+    fn start() -> RdmaServer {
+        let ip = rdma_ip();
+        let dev = RdmaDevice::open(SocketAddr::new(ip, 0), 1 << 30).expect("RDMA device");
+        let rules = Exports::parse(EXPORTS).expect("exports");
+        let ex = Service::exports_from_rules_with(&rules, &StoreConfig::default(), &|| {
+            dev.block_source()
+        });
+        let service = Arc::new(Service::new(ex, ServiceConfig::default()));
+        let listener = RdmaListener::start(
+            service.clone(),
+            RdmaConfig {
+                addr: SocketAddr::new(ip, 0),
+                ..RdmaConfig::default()
+            },
+            dev.clone(),
+        )
+        .expect("RDMA listener");
+        let svc = service.clone();
+        let tcp = std::net::TcpListener::bind(SocketAddr::new(ip, 0)).expect("bind");
+        tcp.set_nonblocking(true).expect("nonblocking");
+        let addr = tcp.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(tcp).expect("listener");
+                TcpServer::new(svc, TcpConfig::default()).serve(l, rx).await;
+            });
+        });
+        RdmaServer {
+            tcp: addr,
+            rdma_port: listener.port(),
+            listener: Some(listener),
+            shutdown: tx,
+            service,
+            dev,
+        }
+    }
+
+    /// Stops the RDMA listener (which disconnects every connection) and
+    /// starts a new one on the same port, with the same files.
+    fn restart_rdma(&mut self) {
+        if let Some(mut l) = self.listener.take() {
+            l.stop();
+        }
+        let addr = SocketAddr::new(rdma_ip(), self.rdma_port);
+        let mut tries = 0;
+        let l = loop {
+            match RdmaListener::start(
+                self.service.clone(),
+                RdmaConfig {
+                    addr,
+                    ..RdmaConfig::default()
+                },
+                self.dev.clone(),
+            ) {
+                Ok(l) => break l,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    println!("listener restart: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("restarting the RDMA listener: {e}"),
+            }
+        };
+        self.listener = Some(l);
+    }
+
+    fn stats(&self) -> Arc<RdmaStats> {
+        self.listener.as_ref().expect("running").stats()
+    }
+
+    fn opts(&self, rdma: RdmaOptions) -> ConnectOptions {
+        ConnectOptions {
+            transport: TransportKind::Rdma,
+            port: Some(self.rdma_port),
+            mount_port: Some(self.tcp.port()),
+            auth: root(),
+            timeo: Duration::from_secs(30),
+            rdma,
+            ..ConnectOptions::default()
+        }
+    }
+
+    async fn connect(&self, rdma: RdmaOptions) -> Client {
+        Client::connect(&self.opts(rdma), &rdma_ip().to_string(), "/export")
+            .await
+            .expect("connect over RDMA")
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(mut l) = self.listener.take() {
+            l.stop();
+        }
+    }
+}
+
+fn rdma(reg: RegStrategy, remote_inv: bool, poll: PollMode) -> RdmaOptions {
+    RdmaOptions {
+        remote_inv,
+        reg,
+        poll,
+    }
+}
+
+fn mode(m: u32) -> Sattr3 {
+    Sattr3 {
+        mode: Some(m),
+        ..Sattr3::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_every_procedure() {
+    let s = RdmaServer::start();
+    let c = s
+        .connect(rdma(RegStrategy::Mw, true, PollMode::Event))
+        .await;
+    assert_eq!(c.options().transport, TransportKind::Rdma);
+    let root = c.root().clone();
+    c.null().await.unwrap();
+    assert_eq!(c.getattr(&root).await.unwrap().type_, Ftype3::Dir);
+    c.fsinfo_of(&root).await.unwrap();
+    c.fsstat(&root).await.unwrap();
+    assert!(c.pathconf(&root).await.unwrap().name_max >= 255);
+    c.access(&root, access::READ | access::LOOKUP)
+        .await
+        .unwrap();
+
+    // CREATE, WRITE (inline and Read chunk), READ (Write chunk), COMMIT,
+    // SETATTR.
+    let fh = c
+        .create(&root, "f", CreateHow3::Guarded(mode(0o644)))
+        .await
+        .unwrap()
+        .obj
+        .unwrap();
+    let e = c
+        .create(&root, "f", CreateHow3::Guarded(mode(0o644)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.nfs_status(), Some(NfsStat3::Exist));
+    for len in [10usize, 3000, 5000, 70_000, 1 << 20] {
+        let data = pattern(len as u64, len);
+        let w = c
+            .write(&fh, 0, data.clone(), StableHow::FileSync)
+            .await
+            .unwrap();
+        assert_eq!(w.count as usize, len);
+        let r = c.read(&fh, 0, len as u32).await.unwrap();
+        assert_eq!(r.data.to_contiguous(), data, "{len} bytes");
+    }
+    c.commit(&fh, 0, 0).await.unwrap();
+    let wcc = c
+        .setattr(
+            &fh,
+            &Sattr3 {
+                size: Some(100),
+                ..Sattr3::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(wcc.after.unwrap().size, 100);
+    assert_eq!(c.lookup(&root, "f").await.unwrap().object, fh);
+
+    // MKDIR, many entries, READDIR and READDIRPLUS (Reply chunk when big).
+    let d = c
+        .mkdir(&root, "d", &mode(0o755))
+        .await
+        .unwrap()
+        .obj
+        .unwrap();
+    for i in 0..200 {
+        c.create(
+            &d,
+            format!("entry-with-a-long-name-{i:04}"),
+            CreateHow3::Unchecked(mode(0o600)),
+        )
+        .await
+        .unwrap();
+    }
+    let all = c.readdir_all(&d).await.unwrap();
+    assert_eq!(all.len(), 200);
+    let big = c.readdir(&d, 0, [0; 8], 32 * 1024).await.unwrap();
+    assert!(
+        big.reply.entries.0.len() > 100,
+        "{}",
+        big.reply.entries.0.len()
+    );
+    let plus = c.readdirplus(&d, 0, [0; 8], 8192, 64 * 1024).await.unwrap();
+    assert!(!plus.reply.entries.0.is_empty());
+
+    // SYMLINK (a long path goes in a Read chunk), READLINK (Write chunk).
+    for target in ["short/target".to_string(), "x/".repeat(1000)] {
+        let name = format!("s{}", target.len());
+        let sl = c
+            .symlink(&root, &name, &target, &Sattr3::default())
+            .await
+            .unwrap()
+            .obj
+            .unwrap();
+        assert_eq!(&c.readlink(&sl).await.unwrap().data[..], target.as_bytes());
+    }
+    let p = c
+        .mknod(&root, "p", MknodData3::Fifo(mode(0o600)))
+        .await
+        .unwrap();
+    assert_eq!(p.obj_attributes.unwrap().type_, Ftype3::Fifo);
+    c.link(&fh, &root, "g").await.unwrap();
+    c.rename(&root, "g", &root, "h").await.unwrap();
+    c.remove(&root, "h").await.unwrap();
+    c.remove(&root, "p").await.unwrap();
+    for i in 0..200 {
+        c.remove(&d, format!("entry-with-a-long-name-{i:04}"))
+            .await
+            .unwrap();
+    }
+    c.rmdir(&root, "d").await.unwrap();
+    let e = c.lookup(&root, "d").await.unwrap_err();
+    assert_eq!(e.nfs_status(), Some(NfsStat3::Noent));
+    let e = c
+        .getattr(&NfsFh3::new(Bytes::from_static(b"not a handle")))
+        .await
+        .unwrap_err();
+    assert!(e.nfs_status().is_some(), "{e}");
+    let st = c.transport_stats();
+    println!("stats {st:?}");
+    assert_eq!(st.connects, 1);
+    assert!(st.window_binds > 0 && st.send_with_invalidate > 0, "{st:?}");
+    c.unmount().await.unwrap();
+}
+
+/// 16 MiB written and read back with `size` records.
+async fn round_trip(c: &Client, name: &str, size: u32) -> Duration {
+    let t = Instant::now();
+    let root = c.root().clone();
+    let fh = c
+        .create(&root, name, CreateHow3::Unchecked(mode(0o644)))
+        .await
+        .unwrap()
+        .obj
+        .unwrap();
+    assert_eq!((c.rsize(), c.wsize()), (size, size));
+    let data = pattern(u64::from(size), 16 << 20);
+    let n = c.write_all(&fh, 0, data.clone()).await.unwrap();
+    assert_eq!(n, 16 << 20);
+    let back = c.read_all(&fh).await.unwrap();
+    assert_eq!(back.len(), data.len());
+    assert_eq!(
+        checksum(back.parts().iter().map(|p| &p[..])),
+        checksum([&data[..]]),
+        "{name}: data differs"
+    );
+    c.remove(&root, name).await.unwrap();
+    t.elapsed()
+}
+
+async fn io_matrix(reg: RegStrategy) {
+    let s = RdmaServer::start();
+    let swi_before = s.stats().sends_with_inv.load(Ordering::Relaxed);
+    for remote_inv in [true, false] {
+        for size in [4096u32, 64 << 10, 1 << 20] {
+            let mut o = s.opts(rdma(reg, remote_inv, PollMode::Adaptive));
+            o.rsize = Some(size);
+            o.wsize = Some(size);
+            let c = Client::connect(&o, &rdma_ip().to_string(), "/export")
+                .await
+                .expect("connect over RDMA");
+            let took = round_trip(&c, &format!("big-{size}-{remote_inv}"), size).await;
+            let st: TransportStats = c.transport_stats();
+            println!(
+                "{reg:?} remote_inv={remote_inv} records={size}: 16 MiB written and read back in {took:?}; {st:?}"
+            );
+            assert_eq!(st.connects, 1, "{st:?}");
+            assert_eq!(st.retransmits, 0, "{st:?}");
+            match reg {
+                RegStrategy::Mw => {
+                    assert!(st.window_binds > 0, "{st:?}");
+                    if remote_inv {
+                        assert!(
+                            st.send_with_invalidate > 0,
+                            "no Send With Invalidate: {st:?}"
+                        );
+                    } else {
+                        assert_eq!(st.send_with_invalidate, 0, "{st:?}");
+                        assert!(st.local_invalidations >= st.window_binds, "{st:?}");
+                    }
+                    assert_eq!(
+                        st.send_with_invalidate + st.local_invalidations,
+                        st.window_binds,
+                        "every window fenced once: {st:?}"
+                    );
+                }
+                RegStrategy::RegMr => {
+                    assert!(st.mr_registrations > 0, "{st:?}");
+                    assert_eq!(st.window_binds + st.send_with_invalidate, 0, "{st:?}");
+                }
+                RegStrategy::Persistent => {
+                    assert_eq!(
+                        st.window_binds + st.send_with_invalidate + st.local_invalidations,
+                        0,
+                        "{st:?}"
+                    );
+                }
+            }
+            c.shutdown();
+        }
+    }
+    let swi = s.stats().sends_with_inv.load(Ordering::Relaxed) - swi_before;
+    println!("server: {swi} Sends With Invalidate");
+    if reg != RegStrategy::Mw {
+        assert_eq!(swi, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_16mib_memory_windows() {
+    io_matrix(RegStrategy::Mw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_16mib_region_per_rpc() {
+    io_matrix(RegStrategy::RegMr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_16mib_persistent() {
+    io_matrix(RegStrategy::Persistent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_poll_modes_and_concurrency() {
+    let s = RdmaServer::start();
+    for poll in [PollMode::Busy, PollMode::Event, PollMode::Adaptive] {
+        let c = s.connect(rdma(RegStrategy::Mw, true, poll)).await;
+        let root = c.root().clone();
+        // 32 concurrent 64 KiB writes and reads: more calls than credits.
+        let fh = c
+            .create(&root, "conc", CreateHow3::Unchecked(mode(0o644)))
+            .await
+            .unwrap()
+            .obj
+            .unwrap();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..32u64 {
+            let (c, fh) = (c.clone(), fh.clone());
+            tasks.spawn(async move {
+                let data = pattern(i, 65536);
+                c.write(&fh, i * 65536, data.clone(), StableHow::Unstable)
+                    .await
+                    .unwrap();
+                let r = c.read(&fh, i * 65536, 65536).await.unwrap();
+                assert_eq!(r.data.to_contiguous(), data);
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+        c.remove(&root, "conc").await.unwrap();
+        println!("{poll:?}: {:?}", c.transport_stats());
+        c.shutdown();
+        let e = c.null().await.unwrap_err();
+        assert!(matches!(e, ClientError::Shutdown), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_no_listener_is_a_clear_error() {
+    let s = RdmaServer::start();
+    let mut o = s.opts(RdmaOptions::default());
+    o.port = Some(1);
+    let t = Instant::now();
+    let e = Client::connect(&o, &rdma_ip().to_string(), "/export")
+        .await
+        .unwrap_err();
+    println!("{e}");
+    assert!(matches!(e, ClientError::Rdma(_)), "{e:?}");
+    assert!(t.elapsed() < Duration::from_secs(20));
+}
+
+/// The kernel nfsd over RDMA (started with tests/vm/guest/knfsd-up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_kernel_nfsd() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/vm/guest/knfsd-up");
+    let out = std::process::Command::new(script)
+        .arg("/export")
+        .output()
+        .expect("run knfsd-up");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "knfsd-up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ip = rdma_ip().to_string();
+    for (reg, remote_inv) in [
+        (RegStrategy::Mw, true),
+        (RegStrategy::Mw, false),
+        (RegStrategy::RegMr, false),
+        (RegStrategy::Persistent, false),
+    ] {
+        let o = ConnectOptions {
+            transport: TransportKind::Rdma,
+            port: Some(20049),
+            // MOUNT through the kernel's rpcbind (port 111) and rpc.mountd.
+            auth: root(),
+            timeo: Duration::from_secs(30),
+            rsize: Some(1 << 20),
+            wsize: Some(1 << 20),
+            rdma: rdma(reg, remote_inv, PollMode::Adaptive),
+            ..ConnectOptions::default()
+        };
+        let c = Client::connect(&o, &ip, "/export")
+            .await
+            .expect("connect to knfsd over RDMA");
+        let root = c.root().clone();
+        c.null().await.unwrap();
+        let name = format!("k-{reg:?}-{remote_inv}");
+        let fh = c
+            .create(&root, &name, CreateHow3::Unchecked(mode(0o644)))
+            .await
+            .unwrap()
+            .obj
+            .unwrap();
+        let data = pattern(7, 4 << 20);
+        c.write_all(&fh, 0, data.clone()).await.unwrap();
+        let back = c.read_all(&fh).await.unwrap();
+        assert_eq!(
+            checksum(back.parts().iter().map(|p| &p[..])),
+            checksum([&data[..]])
+        );
+        // Small records too, and the other reply shapes.
+        for len in [100usize, 4096, 65536] {
+            let r = c.read(&fh, 1000, len as u32).await.unwrap();
+            assert_eq!(r.data.to_contiguous(), data.slice(1000..1000 + len));
+        }
+        let d = c
+            .mkdir(&root, format!("{name}.d"), &mode(0o755))
+            .await
+            .unwrap()
+            .obj
+            .unwrap();
+        for i in 0..100 {
+            c.create(
+                &d,
+                format!("entry-{i:03}-padding-padding"),
+                CreateHow3::Unchecked(mode(0o600)),
+            )
+            .await
+            .unwrap();
+        }
+        assert_eq!(c.readdir_all(&d).await.unwrap().len(), 100);
+        let big = c.readdir(&d, 0, [0; 8], 32 * 1024).await.unwrap();
+        assert!(big.reply.entries.0.len() >= 100);
+        let target = "t/".repeat(600);
+        let sl = c
+            .symlink(&d, "link", &target, &Sattr3::default())
+            .await
+            .unwrap()
+            .obj
+            .unwrap();
+        assert_eq!(&c.readlink(&sl).await.unwrap().data[..], target.as_bytes());
+        let st = c.transport_stats();
+        println!("knfsd {reg:?} remote_inv={remote_inv}: {st:?}");
+        assert_eq!(st.retransmits, 0, "{st:?}");
+        if reg == RegStrategy::Mw && remote_inv {
+            assert!(st.send_with_invalidate > 0, "{st:?}");
+        } else {
+            assert_eq!(st.send_with_invalidate, 0, "{st:?}");
+        }
+        if reg == RegStrategy::Mw {
+            assert_eq!(
+                st.send_with_invalidate + st.local_invalidations,
+                st.window_binds,
+                "{st:?}"
+            );
+        }
+        c.shutdown();
+    }
+}
+
+/// Without an RDMA device (the host), connecting over RDMA fails at once
+/// with an RDMA error that says why.
+#[tokio::test]
+async fn rdma_without_a_device_fails_clearly() {
+    if std::path::Path::new("/dev/infiniband/rdma_cm").exists() {
+        return; // a machine with RDMA: covered by the VM tests
+    }
+    let o = ConnectOptions {
+        transport: TransportKind::Rdma,
+        port: Some(20049),
+        mount_port: Some(1),
+        timeo: Duration::from_secs(5),
+        ..ConnectOptions::default()
+    };
+    let e = Client::connect(&o, "127.0.0.1", "/export")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Rdma(_)), "{e:?}");
+    println!("{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_reconnects_when_the_server_drops_the_connection() {
+    let mut s = RdmaServer::start();
+    let c = s
+        .connect(rdma(RegStrategy::Mw, true, PollMode::Event))
+        .await;
+    let root = c.root().clone();
+    let fh = c
+        .create(&root, "r", CreateHow3::Unchecked(mode(0o644)))
+        .await
+        .unwrap()
+        .obj
+        .unwrap();
+    let data = pattern(9, 1 << 20);
+    c.write_all(&fh, 0, data.clone()).await.unwrap();
+    s.restart_rdma();
+    // The next calls find the connection gone and reconnect.
+    let t = Instant::now();
+    let back = c.read_all(&fh).await.unwrap();
+    assert_eq!(back.to_contiguous(), data);
+    let st = c.transport_stats();
+    println!("after the restart ({:?}): {st:?}", t.elapsed());
+    assert!(st.connects >= 2, "{st:?}");
+    // Noticed from the connection manager's disconnect, not from a call
+    // timing out (timeo is 30 s here).
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    c.remove(&root, "r").await.unwrap();
+}
