@@ -201,7 +201,11 @@ fn main() -> Result<()> {
     // registered arena.
     let mut device = None;
     if !args.no_rdma {
-        let limit = (store.capacity_bytes as usize).saturating_mul(rules.entries.len().max(1));
+        // Every export's capacity, plus room for the arena's first region of
+        // each block size and for landing blocks in flight.
+        let limit = (store.capacity_bytes as usize)
+            .saturating_mul(rules.entries.len().max(1))
+            .saturating_add(6 * (64 << 20));
         match RdmaDevice::open(rdma.addr, limit) {
             Ok(d) => device = Some(d),
             Err(e) if rdma_explicit.is_none() => {
@@ -289,7 +293,11 @@ async fn run(
                 (mount::PROGRAM, mount::VERSION),
             ] {
                 let _ = rpcbind::unset(rpcbind_addr, p, v);
-                rpcbind::set(rpcbind_addr, p, v, port)?;
+                if !rpcbind::set(rpcbind_addr, p, v, port)? {
+                    return Err(rpcbind::RpcbindError::BadReply(format!(
+                        "rpcbind refused to register program {p} version {v} (another server holds it?)"
+                    )));
+                }
             }
             Ok(())
         })
