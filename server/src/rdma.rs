@@ -43,7 +43,7 @@ use nfsrdma_xdr::{Payload, Xdr};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -192,6 +192,8 @@ pub struct RdmaStats {
     pub payload_copies: AtomicU64,
     /// Connections ended by an error.
     pub errors: AtomicU64,
+    /// Connections dropped by [`RdmaListener::disconnect_all`].
+    pub forced_disconnects: AtomicU64,
 }
 
 impl RdmaStats {
@@ -227,6 +229,9 @@ impl RdmaStats {
 pub struct RdmaListener {
     port: u16,
     stop: Arc<AtomicBool>,
+    /// Requests to drop every connection, each with where to answer how
+    /// many were dropped.
+    disconnect: mpsc::Sender<mpsc::Sender<usize>>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<RdmaStats>,
 }
@@ -248,9 +253,10 @@ impl RdmaListener {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(RdmaStats::default());
         let (s2, st2) = (stop.clone(), stats.clone());
+        let (disconnect, requests) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("rdma-cm".into())
-            .spawn(move || cm_loop(channel, listen, service, cfg, device, s2, st2))
+            .spawn(move || cm_loop(channel, listen, service, cfg, device, s2, st2, requests))
             .map_err(|e| VerbsError::Call {
                 call: "spawn",
                 source: e,
@@ -258,6 +264,7 @@ impl RdmaListener {
         Ok(RdmaListener {
             port,
             stop,
+            disconnect,
             thread: Some(thread),
             stats,
         })
@@ -271,6 +278,18 @@ impl RdmaListener {
     /// The counters.
     pub fn stats(&self) -> Arc<RdmaStats> {
         self.stats.clone()
+    }
+
+    /// Disconnects every current connection (as if each peer had gone
+    /// away) and keeps listening: peers may connect again. Returns once
+    /// the connections are torn down, with how many there were (0 when
+    /// the listener is stopped).
+    pub fn disconnect_all(&self) -> usize {
+        let (tx, rx) = mpsc::channel();
+        if self.disconnect.send(tx).is_err() {
+            return 0;
+        }
+        rx.recv().unwrap_or(0)
     }
 
     /// Stops listening, disconnects every connection and waits for their
@@ -305,6 +324,7 @@ impl ConnHandle {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cm_loop(
     channel: Arc<EventChannel>,
     _listen: CmId,
@@ -313,10 +333,21 @@ fn cm_loop(
     device: Arc<RdmaDevice>,
     stop: Arc<AtomicBool>,
     stats: Arc<RdmaStats>,
+    disconnect: mpsc::Receiver<mpsc::Sender<usize>>,
 ) {
     let mut conns: HashMap<CmIdHandle, ConnHandle> = HashMap::new();
     while !stop.load(Ordering::Acquire) {
         conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
+        while let Ok(done) = disconnect.try_recv() {
+            let n = conns.len();
+            for (_, c) in conns.drain() {
+                c.shut();
+            }
+            stats
+                .forced_disconnects
+                .fetch_add(n as u64, Ordering::Relaxed);
+            let _ = done.send(n);
+        }
         let ev = match channel.get_event(Some(Duration::from_millis(100))) {
             Ok(ev) => ev,
             Err(VerbsError::Timeout { .. }) => continue,
@@ -456,6 +487,8 @@ fn accept(
         arena: device.arena.clone(),
         max_sge: attrs.max_sge.clamp(1, MAX_SEND_SGE as u32) as usize,
         holds: HashMap::new(),
+        unsignaled_writes: 0,
+        send_writes: HashMap::new(),
         slot_size: ours as usize,
         chunk_size: cfg.chunk_size(),
         free_send: (0..send_slots).collect(),
@@ -540,8 +573,9 @@ struct Reading {
     /// Per block: the reads in flight, or the block once they completed.
     pending: Vec<Option<PendingRead>>,
     done: Vec<Option<ArenaBlock>>,
-    /// Bytes of each Read chunk and how many blocks it spans.
-    layout: Vec<(usize, usize)>,
+    /// Per Read chunk: the bytes landing in each block it spans (a head
+    /// block may be larger than its piece).
+    layout: Vec<Vec<usize>>,
     left: usize,
     started: Instant,
 }
@@ -562,6 +596,10 @@ struct Conn {
     /// Payloads a posted Send's RDMA Writes read from, kept alive (and the
     /// blocks shared, so not written) until the Send completes.
     holds: HashMap<usize, Vec<Payload>>,
+    /// Unsignaled RDMA Writes posted since the last Send.
+    unsignaled_writes: usize,
+    /// Per send slot: the unsignaled Writes its Send's completion covers.
+    send_writes: HashMap<usize, usize>,
     slot_size: usize,
     chunk_size: usize,
     free_send: Vec<usize>,
@@ -643,8 +681,9 @@ impl Conn {
                 self.queue.push_back(Pending::Message(msg));
             }
             k if k == Kind::Send as u64 => {
-                self.sq_free += 1;
-                self.holds.remove(&((v & 0xffff_ffff) as usize));
+                let slot = (v & 0xffff_ffff) as usize;
+                self.sq_free += 1 + self.send_writes.remove(&slot).unwrap_or(0);
+                self.holds.remove(&slot);
                 self.free_send.push((v & 0xffff_ffff) as usize);
                 let chunk = (v >> 32) as usize;
                 if chunk != 0xffff {
@@ -782,7 +821,6 @@ impl Conn {
                 left -= n;
                 n = left.min(BLK);
             }
-            layout.push((total, blocks.len() - first));
             let mut piece = first;
             let mut in_piece = 0usize;
             for seg in &c.segments {
@@ -805,6 +843,7 @@ impl Conn {
                     in_piece += n;
                 }
             }
+            layout.push(bounds);
         }
         let n = blocks.len();
         if n > 0xffff {
@@ -860,17 +899,14 @@ impl Conn {
     fn finish_reads(&mut self, r: Reading) -> Result<(), ConnError> {
         let mut blocks = r.done.into_iter();
         let mut data = Vec::with_capacity(r.layout.len());
-        for (total, nblocks) in &r.layout {
+        for pieces in &r.layout {
             let mut p = Payload::new();
-            let mut landing = Vec::with_capacity(*nblocks);
-            let mut left = *total;
-            for _ in 0..*nblocks {
+            let mut landing = Vec::with_capacity(pieces.len());
+            for &n in pieces {
                 let b = blocks.next().flatten().expect("every block completed");
                 let block = Block::from_memory(Box::new(b));
-                let n = left.min(block.capacity());
                 p.push(block.slice(0..n));
                 landing.push(block);
-                left -= n;
             }
             // The landing blocks travel with the data: the store takes
             // whole ones over instead of copying them.
@@ -997,9 +1033,13 @@ impl Conn {
                     rkey,
                 },
             },
-            flags: SendFlags::SIGNALED,
+            // Unsignaled: the Send that follows completes only after it,
+            // and its completion gives this entry back (fewer completions
+            // to wake up for).
+            flags: SendFlags::UNSIGNALED,
         }])?;
         self.sq_free -= 1;
+        self.unsignaled_writes += 1;
         self.stats
             .write_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
@@ -1070,6 +1110,10 @@ impl Conn {
             flags: SendFlags::SIGNALED,
         }])?;
         self.sq_free -= 1;
+        let covered = std::mem::take(&mut self.unsignaled_writes);
+        if covered > 0 {
+            self.send_writes.insert(slot, covered);
+        }
         self.stats
             .credits_granted
             .store(u64::from(self.rcfg.credits), Ordering::Relaxed);
