@@ -296,3 +296,63 @@ fn planned_restart_keeps_data_and_a_killed_daemon_loses_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an nfsrdmad state file"));
 }
+
+#[test]
+fn config_file_and_sigusr1_report() {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("config-e2e");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let cfg = tmp.join("nfsrdmad.toml");
+    std::fs::write(
+        &cfg,
+        "export = [\"/from-config\"]\ntcp = \"127.0.0.1:0\"\nrpcbind = false\ncapacity = \"64M\"\nworkers = 8\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args(["--config", cfg.to_str().unwrap(), "--no-rdma"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_string();
+    let url = format!("nfs://127.0.0.1/from-config?nfsport={port}&mountport={port}&version=3");
+    // The export named in the file is served.
+    let small = tmp.join("small");
+    std::fs::write(&small, b"configured\n").unwrap();
+    ok(
+        &tool("nfs-cp"),
+        &[
+            small.to_str().unwrap(),
+            &format!("nfs://127.0.0.1/from-config/f?nfsport={port}&mountport={port}&version=3"),
+        ],
+    );
+    let ls = ok(&tool("nfs-ls"), &[&url]);
+    assert!(ls.contains(" f"), "{ls}");
+    // SIGUSR1 prints the counters without stopping the daemon.
+    let _ = Command::new("kill")
+        .args(["-USR1", &child.id().to_string()])
+        .status();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    ok(&tool("nfs-ls"), &[&url]);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Two reports: one on SIGUSR1, one at exit.
+    assert_eq!(err.matches("procedure ").count(), 2, "{err}");
+    // An unknown key in the config file is an error naming it.
+    std::fs::write(&cfg, "bogus = 1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args(["--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
+}
