@@ -88,6 +88,12 @@ impl RdmaDevice {
         Box::new(ArenaSource(self.arena.clone()))
     }
 
+    /// Regions registered on the server's PD with any remote access: the
+    /// server never exposes its memory, so this is always 0.
+    pub fn remote_access_regions(&self) -> usize {
+        self.pd.remote_access_regions()
+    }
+
     /// Bytes the arena has registered.
     pub fn arena_bytes(&self) -> usize {
         self.arena.registered_bytes()

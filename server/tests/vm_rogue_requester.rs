@@ -116,6 +116,7 @@ impl std::ops::Add for Counts {
 
 struct Server {
     _service: Arc<Service>,
+    device: Arc<RdmaDevice>,
     listener: RdmaListener,
     stats: Arc<RdmaStats>,
     root: NfsFh3,
@@ -164,12 +165,13 @@ impl Server {
                 chunk_buffers: 2,
                 ..RdmaConfig::default()
             },
-            device,
+            device.clone(),
         )
         .expect("RDMA listener (run with scripts/test-vm)");
         let stats = listener.stats();
         Server {
             _service: service,
+            device,
             listener,
             stats,
             root,
@@ -1153,5 +1155,11 @@ fn every_case_against_one_server() {
     assert_eq!(total.err_chunk, 9);
     assert!(total.discarded >= 6);
     assert!((3..=4).contains(&total.errors));
+    // The server never registered memory a peer could reach.
+    assert!(
+        srv.device.arena_bytes() > 0,
+        "the store's arena is registered"
+    );
+    assert_eq!(srv.device.remote_access_regions(), 0);
     println!("{}", srv.stats.report());
 }

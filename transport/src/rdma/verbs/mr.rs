@@ -17,6 +17,8 @@ use super::{check_range, Result, VerbsError};
 pub struct ProtectionDomain {
     pd: NonNull<ibv_pd>,
     ctx: Context,
+    /// Regions registered on this PD with any remote access or MW binding.
+    remote_regions: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: PDs may be used from any thread; the pointer is owned by this
@@ -34,7 +36,16 @@ impl ProtectionDomain {
         Ok(Arc::new(Self {
             pd,
             ctx: ctx.clone(),
+            remote_regions: Default::default(),
         }))
+    }
+
+    /// How many regions have been registered on this PD with remote read,
+    /// remote write or window-binding rights (a server that must never
+    /// expose its memory checks that this stays 0).
+    pub fn remote_access_regions(&self) -> usize {
+        self.remote_regions
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The device context.
@@ -250,6 +261,10 @@ impl MemoryRegion {
             unsafe { alloc::dealloc(buf.ptr.as_ptr(), buf.layout) };
             return Err(err);
         };
+        if access.remote_read || access.remote_write || access.mw_bind {
+            pd.remote_regions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(Arc::new(Self {
             mr,
             buf,
