@@ -285,6 +285,7 @@ impl ConnArgs {
                     PollArg::Event => PollMode::Event,
                     PollArg::Adaptive => PollMode::Adaptive,
                 },
+                ..RdmaOptions::default()
             },
             ..ConnectOptions::default()
         }

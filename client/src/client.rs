@@ -53,6 +53,12 @@ pub struct RdmaOptions {
     pub reg: RegStrategy,
     /// How completions are polled.
     pub poll: PollMode,
+    /// Our inline threshold in bytes, both directions (1 KiB to 1 MiB;
+    /// 4 KiB by default): the size of each receive buffer, advertised to
+    /// the server in the RFC 8797 message. Calls are sent inline up to the
+    /// smaller of this and the server's receive size; larger calls and
+    /// replies travel in chunks.
+    pub inline: u32,
 }
 
 impl Default for RdmaOptions {
@@ -61,6 +67,7 @@ impl Default for RdmaOptions {
             remote_inv: true,
             reg: RegStrategy::Mw,
             poll: PollMode::Adaptive,
+            inline: crate::transport::rdma::INLINE_SIZE,
         }
     }
 }

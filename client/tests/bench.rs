@@ -320,6 +320,9 @@ fn lists_make_one_variant_per_combination() {
         "transport=tcp remote-inv=off reg=mw poll=event inline=4k"
     );
     assert!(!plan.variants[7].options.rdma.remote_inv);
+    // --inline reaches the connection options of each variant.
+    assert_eq!(plan.variants[0].options.rdma.inline, 1024);
+    assert_eq!(plan.variants[7].options.rdma.inline, 4096);
     // Defaults: one variant, the iozone record sizes, 128 MiB.
     let a = parse(&["srv:/export"]).unwrap();
     let plan = bench::Plan::from_args(&a.conn, &a.bench).unwrap();
@@ -606,4 +609,207 @@ async fn a_corrupted_read_is_caught_and_named() {
     );
     // Without the hook the same plan passes.
     bench::run(&plan).await.expect("clean run");
+}
+
+// ---- over RDMA, in the Soft-RoCE VM -------------------------------------------
+
+fn rdma_server_args(s: &common::rdma::RdmaServer) -> Vec<String> {
+    [
+        "--transport".to_string(),
+        "rdma".into(),
+        "--port".into(),
+        s.rdma_port.to_string(),
+        "--mount-port".into(),
+        s.tcp.port().to_string(),
+        "--uid".into(),
+        "0".into(),
+        "--gid".into(),
+        "0".into(),
+    ]
+    .to_vec()
+}
+
+fn counters<'a>(doc: &'a Value, label: &str) -> &'a Value {
+    let v = doc["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["label"] == label)
+        .unwrap_or_else(|| panic!("no variant {label}: {doc}"));
+    assert_eq!(v["status"], "ok", "{v}");
+    &v["transport_counters"]
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn vm_bench_latency_over_rdma_applies_inline_and_remote_invalidation() {
+    assert_eq!(
+        std::env::var("NFSRDMA_VM").as_deref(),
+        Ok("1"),
+        "run with scripts/test-vm"
+    );
+    let s = common::rdma::RdmaServer::start();
+    let ip = common::rdma::rdma_ip();
+    let dir = tmpdir("vm-latency");
+    let (json, csv, svg) = (dir.join("r.json"), dir.join("r.csv"), dir.join("r.svg"));
+    let target = format!("{ip}:/export");
+    let o = nfsrdma(
+        &rdma_server_args(&s),
+        &[
+            "bench",
+            &target,
+            "--remote-inv",
+            "on,off",
+            "--inline",
+            "1k,4k",
+            "-s",
+            "256k",
+            "-r",
+            "2k,64k",
+            "--rounds",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "--csv",
+            csv.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
+    let out = ok(&o);
+    println!("{out}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    validate(&doc);
+    // A: RI on, 1k; B: RI on, 4k; C: RI off, 1k; D: RI off, 4k.
+    let labels = ["A", "B", "C", "D"];
+    for (l, inline) in labels.iter().zip([1024, 4096, 1024, 4096]) {
+        let v = doc["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["label"] == *l)
+            .unwrap();
+        assert_eq!(v["transport"], "rdma");
+        assert_eq!(v["inline_bytes"], inline, "{v}");
+    }
+    // Each variant wrote 256 KiB twice (write, rewrite) and read it twice,
+    // at 2 KiB (128 records) and at 64 KiB (4 records).
+    let small_writes = 2 * 128;
+    let large_writes = 2 * 4;
+    for l in labels {
+        let c = counters(&doc, l);
+        let inline_1k = l == "A" || l == "C";
+        let read_chunks = c["read_chunk_calls"].as_u64().unwrap();
+        let write_chunks = c["write_chunk_calls"].as_u64().unwrap();
+        if inline_1k {
+            // A 2 KiB WRITE does not fit 1 KiB inline: its data goes in a
+            // Read chunk; a 2 KiB READ reply comes back in a Write chunk.
+            assert!(read_chunks >= small_writes + large_writes, "{l}: {c}");
+            assert!(write_chunks >= small_writes + large_writes, "{l}: {c}");
+        } else {
+            // At 4 KiB inline only the 64 KiB records need chunks.
+            assert_eq!(read_chunks, large_writes, "{l}: {c}");
+            assert_eq!(write_chunks, large_writes, "{l}: {c}");
+        }
+        let ri_on = l == "A" || l == "B";
+        let swi = c["send_with_invalidate"].as_u64().unwrap();
+        if ri_on {
+            assert!(swi >= read_chunks, "{l}: remote invalidation unused: {c}");
+        } else {
+            assert_eq!(swi, 0, "{l}: {c}");
+            assert!(
+                c["local_invalidations"].as_u64().unwrap() >= read_chunks,
+                "{l}: {c}"
+            );
+        }
+        assert_eq!(c["retransmits"], 0, "{l}: {c}");
+    }
+    // Every latency row of an RDMA variant has its per-step breakdown.
+    let lat = doc["latency"].as_array().unwrap();
+    assert_eq!(lat.len(), 4 * 2 * 4);
+    for row in lat {
+        let b = &row["breakdown_us"];
+        for step in ["register", "send_to_reply", "invalidate", "copy_out"] {
+            assert!(b[step].as_f64().is_some(), "{row}");
+        }
+        // The wire is most of a call; the steps fit inside its mean.
+        let sum: f64 = ["register", "send_to_reply", "invalidate", "copy_out"]
+            .iter()
+            .map(|k| b[*k].as_f64().unwrap())
+            .sum();
+        assert!(
+            sum <= row["summary"]["mean_us"].as_f64().unwrap() * 1.05 + 1.0,
+            "{row}"
+        );
+    }
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(chart.matches("<polyline").count(), 4 * 4);
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap().lines().count(),
+        1 + lat.len()
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn vm_bench_throughput_over_rdma() {
+    assert_eq!(
+        std::env::var("NFSRDMA_VM").as_deref(),
+        Ok("1"),
+        "run with scripts/test-vm"
+    );
+    let s = common::rdma::RdmaServer::start();
+    let ip = common::rdma::rdma_ip();
+    let dir = tmpdir("vm-throughput");
+    let json = dir.join("t.json");
+    let target = format!("{ip}:/export");
+    let o = nfsrdma(
+        &rdma_server_args(&s),
+        &[
+            "bench",
+            &target,
+            "--mode",
+            "throughput",
+            "--reg",
+            "mw,reg-mr",
+            "-s",
+            "1m",
+            "--jobs",
+            "2",
+            "--iodepth",
+            "4",
+            "--rw",
+            "randrw",
+            "--mix",
+            "50",
+            "--bs",
+            "16k",
+            "--bytes",
+            "4m",
+            "--rounds",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let out = ok(&o);
+    println!("{out}");
+    assert!(out.contains("IOPS"), "{out}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    validate(&doc);
+    let rows = doc["throughput"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        // --bytes bounds each variant exactly: 4 MiB of 16 KiB calls.
+        assert_eq!(row["ops"], 256, "{row}");
+        assert_eq!(row["bytes"], 4 << 20, "{row}");
+        assert!(row["iops"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    // mw binds windows; reg-mr registers a region per RPC instead.
+    let a = counters(&doc, "A");
+    let b = counters(&doc, "B");
+    assert!(a["window_binds"].as_u64().unwrap() >= 256, "{a}");
+    assert_eq!(a["mr_registrations"], 0, "{a}");
+    assert!(b["mr_registrations"].as_u64().unwrap() >= 256, "{b}");
+    assert_eq!(b["window_binds"], 0, "{b}");
 }

@@ -298,3 +298,71 @@ fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
         assert_eq!(a, b, "nfsrdmad and kernel nfsd disagree");
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn registers_with_rpcbind_and_the_kernel_client_finds_mount_through_it() {
+    in_vm();
+    // A fresh rpcbind of our own (in_vm stopped any other; the guest's
+    // root is a throwaway overlay).
+    sh("rpcbind -w && sleep 0.5 && pgrep -x rpcbind");
+    // (version, protocol, port) of each registration of `prog`.
+    let listed = |prog: &str| {
+        sh("rpcinfo -p 127.0.0.1")
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|f| f.len() >= 4 && f[0] == prog)
+            .map(|f| (f[1].clone(), f[2].clone(), f[3].clone()))
+            .collect::<Vec<_>>()
+    };
+    let has = |v: &[(String, String, String)]| {
+        v.iter()
+            .any(|(vers, proto, port)| vers == "3" && proto == "tcp" && port == "2049")
+    };
+    assert!(
+        listed("100003").is_empty() && listed("100005").is_empty(),
+        "NFS or MOUNT registered before nfsrdmad started"
+    );
+    let a = addr();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args([
+            "--export",
+            "/export",
+            "--tcp",
+            &format!("{a}:2049"),
+            "--no-rdma",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // Registration happens right after the listener is up.
+    let mut nfs = Vec::new();
+    for _ in 0..50 {
+        nfs = listed("100003");
+        if !nfs.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(has(&nfs), "{nfs:?}");
+    let mnt = listed("100005");
+    assert!(has(&mnt), "{mnt:?}");
+    // The kernel client, told nothing about the MOUNT port, asks rpcbind.
+    std::fs::create_dir_all("/mnt/rpcb").unwrap();
+    sh(&format!(
+        "timeout 60 mount -t nfs -o vers=3,proto=tcp,nolock {a}:/export /mnt/rpcb && echo hi > /mnt/rpcb/f && cat /mnt/rpcb/f && umount /mnt/rpcb"
+    ));
+    // A clean stop unregisters.
+    sh(&format!("kill -TERM {}", child.id()));
+    assert!(child.wait().unwrap().success());
+    assert!(
+        listed("100003").is_empty() && listed("100005").is_empty(),
+        "still registered"
+    );
+}

@@ -3,6 +3,7 @@
 use super::pattern;
 use super::stats::{self, Summary};
 use super::{BenchError, BenchResult, Conn, Hooks, LatencyRow, Phase, Plan};
+use crate::transport::TransportStats;
 use crate::xdr::nfs3::{NfsFh3, Sattr3, StableHow};
 use crate::xdr::Payload;
 use crate::{Client, ClientError};
@@ -144,10 +145,8 @@ pub(super) async fn run(
             pb.set_message(format!("{} {}", super::report::fmt_size(rs), phase.name()));
             let pass = pass_of(size_index, phase);
             let mut hists: Vec<Histogram<u64>> = conns.iter().map(|_| stats::histogram()).collect();
-            let before: Vec<u64> = conns
-                .iter()
-                .map(|c| c.client().transport_stats().retransmits)
-                .collect();
+            let before: Vec<TransportStats> =
+                conns.iter().map(|c| c.client().transport_stats()).collect();
             for round in 0..rounds {
                 let (from, to) = (round * records / rounds, (round + 1) * records / rounds);
                 for (ci, c) in conns.iter().enumerate() {
@@ -188,17 +187,14 @@ pub(super) async fn run(
                 }
             }
             for (ci, c) in conns.iter().enumerate() {
+                let delta = c.client().transport_stats().since(&before[ci]);
                 result.latency.push(LatencyRow {
                     variant: c.idx,
                     record_size: rs,
                     phase,
                     summary: Summary::of(&hists[ci]),
-                    retransmits: c
-                        .client()
-                        .transport_stats()
-                        .retransmits
-                        .saturating_sub(before[ci]),
-                    breakdown: None,
+                    retransmits: delta.retransmits,
+                    breakdown: delta.step_means_us(),
                 });
             }
             if phase == Phase::Rewrite {

@@ -32,8 +32,9 @@ mod throughput;
 
 pub use stats::Summary;
 
-use crate::cli::{ConnArgs, ConnChoice, RemotePath};
+use crate::cli::{ConnArgs, ConnChoice, RemotePath, TransportArg};
 use crate::error::ClientError;
+use crate::transport::TransportStats;
 use crate::xdr::nfs3::{CreateHow3, Ftype3, NfsFh3, Sattr3};
 use crate::{Client, ConnectOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -237,8 +238,8 @@ pub struct BenchArgs {
     /// Slices per phase; the variants take turns slice by slice.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub rounds: u32,
-    /// RDMA inline threshold, a comma list (1k to 1m) [default: the
-    /// transport's].
+    /// RDMA inline threshold (our receive buffer size, advertised to the
+    /// server), a comma list of 1k to 1m [default: 4k].
     #[arg(long, value_parser = parse_inline)]
     pub inline: Option<SizeList>,
     /// Throughput: connections per variant.
@@ -393,11 +394,16 @@ impl Plan {
         let mut variants = Vec::new();
         for choice in conn.choices() {
             for &inline in &inlines {
+                let mut options = conn.options_for(&choice);
+                if let Some(i) = inline {
+                    // parse_inline keeps it within 1 KiB..=1 MiB.
+                    options.rdma.inline = i as u32;
+                }
                 variants.push(VariantSpec {
                     label: label(variants.len()),
                     choice,
                     inline,
-                    options: conn.options_for(&choice),
+                    options,
                 });
             }
         }
@@ -527,6 +533,9 @@ pub struct VariantOutcome {
     pub rsize: u32,
     /// WRITE size in use (0 when it did not connect).
     pub wsize: u32,
+    /// The transport's counters summed over the variant's connections at
+    /// the end of the run (RDMA: chunks offered, invalidations, binds).
+    pub transport: Option<TransportStats>,
 }
 
 /// The four phases of a latency run.
@@ -763,6 +772,7 @@ pub async fn run_with_hooks(plan: &Plan, hooks: &Hooks) -> Result<BenchResult, B
                     error: None,
                     rsize: clients[0].rsize(),
                     wsize: clients[0].wsize(),
+                    transport: None,
                 });
                 conns.push(Conn {
                     idx,
@@ -781,6 +791,7 @@ pub async fn run_with_hooks(plan: &Plan, hooks: &Hooks) -> Result<BenchResult, B
                     error: Some(e),
                     rsize: 0,
                     wsize: 0,
+                    transport: None,
                 });
             }
         }
@@ -796,12 +807,14 @@ pub async fn run_with_hooks(plan: &Plan, hooks: &Hooks) -> Result<BenchResult, B
         throughput: Vec::new(),
         notes: Vec::new(),
     };
-    if plan.variants.iter().any(|v| v.inline.is_some()) {
-        result.notes.push(
-            "--inline is recorded per variant; the client library has no inline threshold \
-             setting yet, so every variant ran with the transport's own"
-                .into(),
-        );
+    if plan
+        .variants
+        .iter()
+        .any(|v| v.inline.is_some() && v.choice.transport == TransportArg::Tcp)
+    {
+        result
+            .notes
+            .push("--inline applies to RDMA only; the TCP variants ignore it".into());
     }
     let outcome = async {
         for c in conns.iter_mut() {
@@ -835,6 +848,12 @@ pub async fn run_with_hooks(plan: &Plan, hooks: &Hooks) -> Result<BenchResult, B
         }
     }
     .await;
+    for c in &conns {
+        let sum = c.clients.iter().fold(TransportStats::default(), |a, cl| {
+            a.plus(&cl.transport_stats())
+        });
+        result.variants[c.idx].transport = Some(sum);
+    }
     for c in &conns {
         if !plan.keep {
             if let Err(e) = c.client().remove(&c.dir, &c.name).await {

@@ -271,6 +271,23 @@ pub fn json(r: &BenchResult) -> Value {
                 "timeo_s": o.timeo.as_secs_f64(),
                 "status": if v.error.is_none() { "ok" } else { "failed" },
                 "error": v.error,
+                "transport_counters": v.transport.map(|t| json!({
+                    "connects": t.connects,
+                    "retransmits": t.retransmits,
+                    "unmatched_replies": t.unmatched_replies,
+                    "send_with_invalidate": t.send_with_invalidate,
+                    "local_invalidations": t.local_invalidations,
+                    "window_binds": t.window_binds,
+                    "mr_registrations": t.mr_registrations,
+                    "read_chunk_calls": t.read_chunk_calls,
+                    "write_chunk_calls": t.write_chunk_calls,
+                    "reply_chunk_calls": t.reply_chunk_calls,
+                    "timed_calls": t.timed_calls,
+                    "register_ns": t.register_ns,
+                    "send_to_reply_ns": t.send_to_reply_ns,
+                    "invalidate_ns": t.invalidate_ns,
+                    "copy_out_ns": t.copy_out_ns,
+                })),
             })
         })
         .collect();

@@ -160,6 +160,97 @@ pub struct TransportStats {
     /// RDMA: memory regions registered for one RPC (the `reg-mr` strategy,
     /// and chunks too large for a pool slot).
     pub mr_registrations: u64,
+    /// RDMA: calls whose data travelled in a Read chunk (WRITE data,
+    /// SYMLINK paths, or the whole call when it exceeds the inline
+    /// threshold).
+    pub read_chunk_calls: u64,
+    /// RDMA: calls that offered a Write chunk for their reply's data.
+    pub write_chunk_calls: u64,
+    /// RDMA: calls that offered a Reply chunk (a reply that may exceed our
+    /// inline threshold).
+    pub reply_chunk_calls: u64,
+    /// RDMA: calls completed with their step times below (each one
+    /// answered and fenced on one connection).
+    pub timed_calls: u64,
+    /// RDMA: total time from taking a slot to posting the Send: marshalling,
+    /// copying into the send buffer and chunk memory, registering (binds
+    /// are posted with the Send; `reg-mr` registers here), in ns.
+    pub register_ns: u64,
+    /// RDMA: total time from posting the Send to handling the reply's
+    /// receive completion, in ns.
+    pub send_to_reply_ns: u64,
+    /// RDMA: total time from the reply to the last local invalidation's
+    /// completion (0 per call when remote invalidation fenced everything),
+    /// in ns.
+    pub invalidate_ns: u64,
+    /// RDMA: total time spent copying replies out of registered memory,
+    /// in ns.
+    pub copy_out_ns: u64,
+}
+
+impl TransportStats {
+    /// The counts of `self` minus those of an earlier snapshot.
+    pub fn since(&self, earlier: &TransportStats) -> TransportStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        TransportStats {
+            connects: d(self.connects, earlier.connects),
+            retransmits: d(self.retransmits, earlier.retransmits),
+            unmatched_replies: d(self.unmatched_replies, earlier.unmatched_replies),
+            send_with_invalidate: d(self.send_with_invalidate, earlier.send_with_invalidate),
+            local_invalidations: d(self.local_invalidations, earlier.local_invalidations),
+            window_binds: d(self.window_binds, earlier.window_binds),
+            mr_registrations: d(self.mr_registrations, earlier.mr_registrations),
+            read_chunk_calls: d(self.read_chunk_calls, earlier.read_chunk_calls),
+            write_chunk_calls: d(self.write_chunk_calls, earlier.write_chunk_calls),
+            reply_chunk_calls: d(self.reply_chunk_calls, earlier.reply_chunk_calls),
+            timed_calls: d(self.timed_calls, earlier.timed_calls),
+            register_ns: d(self.register_ns, earlier.register_ns),
+            send_to_reply_ns: d(self.send_to_reply_ns, earlier.send_to_reply_ns),
+            invalidate_ns: d(self.invalidate_ns, earlier.invalidate_ns),
+            copy_out_ns: d(self.copy_out_ns, earlier.copy_out_ns),
+        }
+    }
+
+    /// The sum of two sets of counts.
+    pub fn plus(&self, o: &TransportStats) -> TransportStats {
+        TransportStats {
+            connects: self.connects + o.connects,
+            retransmits: self.retransmits + o.retransmits,
+            unmatched_replies: self.unmatched_replies + o.unmatched_replies,
+            send_with_invalidate: self.send_with_invalidate + o.send_with_invalidate,
+            local_invalidations: self.local_invalidations + o.local_invalidations,
+            window_binds: self.window_binds + o.window_binds,
+            mr_registrations: self.mr_registrations + o.mr_registrations,
+            read_chunk_calls: self.read_chunk_calls + o.read_chunk_calls,
+            write_chunk_calls: self.write_chunk_calls + o.write_chunk_calls,
+            reply_chunk_calls: self.reply_chunk_calls + o.reply_chunk_calls,
+            timed_calls: self.timed_calls + o.timed_calls,
+            register_ns: self.register_ns + o.register_ns,
+            send_to_reply_ns: self.send_to_reply_ns + o.send_to_reply_ns,
+            invalidate_ns: self.invalidate_ns + o.invalidate_ns,
+            copy_out_ns: self.copy_out_ns + o.copy_out_ns,
+        }
+    }
+
+    /// Mean time per timed call of each step, in µs, by step name; `None`
+    /// when no call was timed (TCP, or nothing ran).
+    pub fn step_means_us(&self) -> Option<Vec<(String, f64)>> {
+        if self.timed_calls == 0 {
+            return None;
+        }
+        let n = self.timed_calls as f64;
+        Some(
+            [
+                ("register", self.register_ns),
+                ("send_to_reply", self.send_to_reply_ns),
+                ("invalidate", self.invalidate_ns),
+                ("copy_out", self.copy_out_ns),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v as f64 / n / 1000.0))
+            .collect(),
+        )
+    }
 }
 
 /// Checks a complete reply message whose XID has been matched: returns the

@@ -102,8 +102,13 @@ use tokio::sync::{oneshot, watch, Notify};
 
 /// Receive buffers posted, credits asked for, and slots in the table.
 pub const RECV_BUFFERS: u32 = 32;
-/// Our inline threshold, both directions (advertised in RFC 8797 form).
+/// Our default inline threshold, both directions (advertised in RFC 8797
+/// form); [`RdmaOptions::inline`] overrides it.
 pub const INLINE_SIZE: u32 = 4096;
+/// The smallest inline threshold RFC 8166 §3.3.3 allows.
+pub const MIN_INLINE: u32 = 1024;
+/// The largest inline threshold we accept (one receive buffer per credit).
+pub const MAX_INLINE: u32 = 1 << 20;
 /// Chunk memory of one slot in the pre-registered pool: a 1 MiB READ or
 /// WRITE payload plus room for the rest of the call or reply.
 pub const AREA: usize = (1 << 20) + (64 << 10);
@@ -168,6 +173,14 @@ struct Counters {
     local_invs: AtomicU64,
     binds: AtomicU64,
     mr_regs: AtomicU64,
+    read_chunks: AtomicU64,
+    write_chunks: AtomicU64,
+    reply_chunks: AtomicU64,
+    timed_calls: AtomicU64,
+    register_ns: AtomicU64,
+    wire_ns: AtomicU64,
+    invalidate_ns: AtomicU64,
+    copy_out_ns: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -253,6 +266,14 @@ impl RdmaTransport {
             local_invalidations: g(&c.local_invs),
             window_binds: g(&c.binds),
             mr_registrations: g(&c.mr_regs),
+            read_chunk_calls: g(&c.read_chunks),
+            write_chunk_calls: g(&c.write_chunks),
+            reply_chunk_calls: g(&c.reply_chunks),
+            timed_calls: g(&c.timed_calls),
+            register_ns: g(&c.register_ns),
+            send_to_reply_ns: g(&c.wire_ns),
+            invalidate_ns: g(&c.invalidate_ns),
+            copy_out_ns: g(&c.copy_out_ns),
         }
     }
 
@@ -329,7 +350,7 @@ impl RdmaTransport {
                     if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                         return Err(timed_out());
                     }
-                    tracing::debug!(xid, conn = conn.id, "no reply in time; reconnecting");
+                    tracing::warn!(xid, conn = conn.id, call = call.name, "no reply in {timeo:?}; reconnecting");
                 }
             }
         }
@@ -498,6 +519,12 @@ struct Inflight {
     reply: Option<Reply>,
     invs_left: u32,
     delivered: bool,
+    /// When the slot was taken for this call (marshalling starts).
+    started: Instant,
+    /// When its Send was posted.
+    posted: Instant,
+    /// When its reply was handled.
+    replied: Option<Instant>,
 }
 
 struct State {
@@ -553,6 +580,12 @@ impl Conn {
         id: u64,
         counters: Arc<Counters>,
     ) -> Result<Arc<Conn>, ClientError> {
+        if !(MIN_INLINE..=MAX_INLINE).contains(&opts.inline) {
+            return Err(ClientError::InvalidArgument(format!(
+                "inline threshold {} is outside {MIN_INLINE}..={MAX_INLINE} bytes",
+                opts.inline
+            )));
+        }
         let e = |what: &str| {
             let what = format!("{addr}: {what}");
             move |err: VerbsError| rdma_err(&what, err)
@@ -591,7 +624,7 @@ impl Conn {
                 },
             )
             .map_err(e("queue pair"))?;
-        let inline = INLINE_SIZE as usize;
+        let inline = opts.inline as usize;
         let recv_mr = MemoryRegion::new(&pd, slots * inline, Access::LOCAL)
             .map_err(e("registering receive buffers"))?;
         for i in 0..slots {
@@ -641,8 +674,8 @@ impl Conn {
         let param = ConnParam {
             private_data: CmPrivate {
                 remote_invalidation: offered_ri,
-                send_size: INLINE_SIZE,
-                recv_size: INLINE_SIZE,
+                send_size: opts.inline,
+                recv_size: opts.inline,
             }
             .encode()
             .to_vec(),
@@ -655,8 +688,8 @@ impl Conn {
             .map_err(e("connecting"))?;
         let peer_msg = CmPrivate::from_peer(Some(&peer.private_data));
         let cfg = RequesterConfig {
-            inline_send: peer_msg.recv_size,
-            inline_recv: INLINE_SIZE,
+            inline_send: peer_msg.recv_size.min(opts.inline),
+            inline_recv: opts.inline,
         };
         let send_size = cfg.inline_send as usize;
         let send_mr = MemoryRegion::new(&pd, slots * send_size, Access::LOCAL)
@@ -787,6 +820,7 @@ impl Conn {
         xid: u32,
         call: &RpcCall<'_>,
     ) -> Result<oneshot::Receiver<Outcome>, NotSent> {
+        let started = Instant::now();
         let fatal = |e: String| NotSent::Fatal(ClientError::Rdma(format!("{}: {e}", call.name)));
         let msg = RpcMessage::call(xid, call.prog, call.vers, call.proc_, call.cred.clone());
         let encode = |s: &mut dyn XdrSink| {
@@ -872,6 +906,15 @@ impl Conn {
             }
         }
         let header = plan.header(RECV_BUFFERS, &regs);
+        for (used, n) in [
+            (plan.read.is_some(), &self.counters.read_chunks),
+            (plan.write_chunk.is_some(), &self.counters.write_chunks),
+            (plan.reply_chunk.is_some(), &self.counters.reply_chunks),
+        ] {
+            if used {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let len = header.len() + plan.inline.iter().map(Bytes::len).sum::<usize>();
         if len > self.send_size {
             return Err(fatal(format!(
@@ -906,6 +949,9 @@ impl Conn {
             reply: None,
             invs_left: 0,
             delivered: false,
+            started,
+            posted: started,
+            replied: None,
         });
         st.xids.insert(xid, slot);
         let sge = match self.send_mr.sge(off, len) {
@@ -937,6 +983,9 @@ impl Conn {
             op: SendOp::Send { sges: &sges },
             flags: SendFlags::SIGNALED,
         });
+        if let Some(inf) = st.slots[slot].as_mut() {
+            inf.posted = Instant::now();
+        }
         if let Err(e) = self.qp.post_send(&wrs) {
             self.kill_locked(&mut st, &format!("posting the call: {e}"));
             return Ok(rx);
@@ -1065,7 +1114,7 @@ impl Conn {
     }
 
     fn on_recv(&self, st: &mut State, idx: usize, wc: &WorkCompletion) -> Result<(), String> {
-        let inline = INLINE_SIZE as usize;
+        let inline = self.cfg.inline_recv as usize;
         let off = idx * inline;
         let len = (wc.byte_len as usize).min(inline);
         let msg = self
@@ -1133,6 +1182,7 @@ impl Conn {
         }
         .clamp(1, RECV_BUFFERS);
         inf.reply = Some(reply);
+        inf.replied = Some(Instant::now());
         // Fence what the server did not invalidate.
         let keys = std::mem::take(&mut inf.rkeys);
         if !keys.is_empty() {
@@ -1174,6 +1224,7 @@ impl Conn {
         let Some(reply) = inf.reply.take() else {
             return Ok(());
         };
+        let fenced = Instant::now();
         let copy = |at: usize, n: u32| -> Result<Bytes, String> {
             let mem = inf.mem.as_ref().ok_or("reply data without chunk memory")?;
             mem.to_vec(inf.base + at, n as usize)
@@ -1198,6 +1249,19 @@ impl Conn {
                 "the server answered RDMA_ERROR: {error:?}"
             ))),
         };
+        if let Some(replied) = inf.replied {
+            let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+            let c = &self.counters;
+            c.register_ns
+                .fetch_add(ns(inf.started, inf.posted), Ordering::Relaxed);
+            c.wire_ns
+                .fetch_add(ns(inf.posted, replied), Ordering::Relaxed);
+            c.invalidate_ns
+                .fetch_add(ns(replied, fenced), Ordering::Relaxed);
+            c.copy_out_ns
+                .fetch_add(ns(fenced, Instant::now()), Ordering::Relaxed);
+            c.timed_calls.fetch_add(1, Ordering::Relaxed);
+        }
         // A per-RPC region is deregistered (fenced) here; the pool stays.
         inf.mem = None;
         inf.delivered = true;

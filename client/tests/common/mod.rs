@@ -3,6 +3,8 @@
 //! cut connections, and fake servers.
 #![allow(dead_code)]
 
+pub mod rdma;
+
 use bytes::{Bytes, BytesMut};
 use nfsrdma_client::{Auth, AuthSys, Client, ConnectOptions};
 use nfsrdma_server::exports::Exports;
