@@ -265,6 +265,11 @@ fn options_are_checked_with_clear_messages() {
             "invalid value 'sometimes'",
         ),
         (&["--jobs", "0", "h:/e"], "--jobs"),
+        (
+            &["--server-pid", "12,x", "h:/e"],
+            "\"x\" is not a process ID",
+        ),
+        (&["--server-pid", "0", "h:/e"], "\"0\" is not a process ID"),
         (&["h"], "is not SERVER:/path"),
     ];
     for (args, want) in cases {
@@ -277,6 +282,14 @@ fn options_are_checked_with_clear_messages() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("above the largest, 1 MiB"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // A PID that names no process is refused before anything runs.
+    let a = parse(&["--server-pid", "999999999", "h:/e"]).unwrap();
+    let err = bench::Plan::from_args(&a.conn, &a.bench).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--server-pid 999999999: no such process"),
+        "{err}"
+    );
     // A list is for bench only.
     let o = nfsrdma(&[], &["ls", "--poll", "busy,event", "h:/e"]);
     assert!(!o.status.success());
@@ -434,6 +447,7 @@ fn latency_run_writes_table_json_csv_and_svg() {
 #[test]
 fn throughput_run_reports_iops_and_cpu() {
     let s = TestServer::start(EXPORTS);
+    let server_pid = std::process::id().to_string();
     let dir = tmpdir("throughput");
     let (json, csv, svg) = (dir.join("t.json"), dir.join("t.csv"), dir.join("t.svg"));
     let o = nfsrdma(
@@ -459,6 +473,8 @@ fn throughput_run_reports_iops_and_cpu() {
             "2m",
             "--rounds",
             "2",
+            "--server-pid",
+            &server_pid,
             "--json",
             json.to_str().unwrap(),
             "--csv",
@@ -473,7 +489,13 @@ fn throughput_run_reports_iops_and_cpu() {
         "{out}"
     );
     assert!(out.contains("client cores"), "{out}");
-    assert!(out.contains("server CPU: n/a"), "{out}");
+    // The server runs in this test process: its CPU is this PID's.
+    assert!(
+        out.contains(&format!(
+            "server CPU: user + system time of PIDs [{server_pid}]"
+        )),
+        "{out}"
+    );
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     validate(&doc);
     assert_eq!(doc["mode"], "throughput");
@@ -489,7 +511,11 @@ fn throughput_run_reports_iops_and_cpu() {
         512
     );
     assert_eq!(row["latency"]["samples"], 512);
-    assert!(row["server_cpu_cores"].is_null());
+    assert!(row["server_cpu_cores"].as_f64().unwrap() >= 0.0, "{row}");
+    assert_eq!(
+        doc["config"]["throughput"]["server_pids"],
+        serde_json::json!([std::process::id()])
+    );
     let csv_text = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv_text.lines().count(), 2);
     let chart = std::fs::read_to_string(&svg).unwrap();

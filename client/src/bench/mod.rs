@@ -138,6 +138,24 @@ fn parse_list(s: &str, one: fn(&str) -> Result<u64, String>) -> Result<SizeList,
     Ok(SizeList(out))
 }
 
+/// `--server-pid`: a comma list of PIDs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PidList(pub Vec<u32>);
+
+fn parse_pids(s: &str) -> Result<PidList, String> {
+    let mut out = Vec::new();
+    for item in s.split(',') {
+        let pid: u32 = item
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| format!("{item:?} is not a process ID"))?;
+        out.push(pid);
+    }
+    Ok(PidList(out))
+}
+
 /// A record size: 1 byte to 1 MiB.
 pub fn parse_record_size(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
@@ -264,6 +282,12 @@ pub struct BenchArgs {
     /// --runtime.
     #[arg(long, value_parser = parse_bytes)]
     pub bytes: Option<u64>,
+    /// Throughput: processes whose CPU time counts as the server's, a
+    /// comma list of PIDs on this machine (nfsrdmad's; or the kernel's
+    /// `nfsd` threads: `$(pgrep -d, -x nfsd)`); the report then gives
+    /// server cores. Without it, server CPU is n/a.
+    #[arg(long, value_name = "PID,...", value_parser = parse_pids)]
+    pub server_pid: Option<PidList>,
     /// Write every summary and the whole configuration as JSON
     /// (docs/bench.schema.json).
     #[arg(long, value_name = "FILE")]
@@ -335,6 +359,8 @@ pub struct ThroughputSpec {
     pub runtime: Duration,
     /// Bytes per variant (instead of the run time).
     pub bytes: Option<u64>,
+    /// Processes whose CPU time is the server's (`--server-pid`).
+    pub server_pids: Vec<u32>,
 }
 
 impl ThroughputSpec {
@@ -417,6 +443,15 @@ impl Plan {
                 report::fmt_size(args.file_size)
             )));
         }
+        if let Some(pids) = &args.server_pid {
+            for &pid in &pids.0 {
+                if stats::process_cpu_seconds(Some(pid)).is_none() {
+                    return Err(BenchError::Config(format!(
+                        "--server-pid {pid}: no such process on this machine (/proc/{pid}/stat)"
+                    )));
+                }
+            }
+        }
         Ok(Plan {
             server: args.target.server.clone(),
             path: args.target.path.clone(),
@@ -437,6 +472,11 @@ impl Plan {
                 bs: args.bs,
                 runtime: args.runtime,
                 bytes: args.bytes,
+                server_pids: args
+                    .server_pid
+                    .as_ref()
+                    .map(|p| p.0.clone())
+                    .unwrap_or_default(),
             },
             progress: !args.no_progress,
             keep: args.keep,

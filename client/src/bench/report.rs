@@ -339,6 +339,7 @@ pub fn json(r: &BenchResult) -> Value {
                 "bs_bytes": t.bs,
                 "runtime_s": t.bytes.is_none().then_some(t.runtime.as_secs_f64()),
                 "bytes": t.bytes,
+                "server_pids": t.server_pids,
             })),
         },
         "variants": variants,

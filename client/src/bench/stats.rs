@@ -69,8 +69,20 @@ const USER_HZ: f64 = 100.0;
 
 /// User plus system CPU time of this process so far, in seconds, from
 /// /proc/self/stat; `None` where there is no such file.
-pub(crate) fn process_cpu_seconds() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+/// Sum of [`process_cpu_seconds`] over `pids`; `None` when one of them
+/// cannot be read (it exited).
+pub(crate) fn processes_cpu_seconds(pids: &[u32]) -> Option<f64> {
+    pids.iter()
+        .map(|&p| process_cpu_seconds(Some(p)))
+        .sum::<Option<f64>>()
+}
+
+pub(crate) fn process_cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces:
     // count fields from the last ')'. Field 3 (state) is then index 0,
     // utime (field 14) index 11 and stime (field 15) index 12.
@@ -102,7 +114,11 @@ mod tests {
     #[test]
     fn cpu_time_is_read() {
         if std::path::Path::new("/proc/self/stat").exists() {
-            assert!(process_cpu_seconds().is_some());
+            assert!(process_cpu_seconds(None).is_some());
+            let me = std::process::id();
+            assert!(processes_cpu_seconds(&[me, me]).is_some());
+            // One process that does not exist spoils the sum.
+            assert!(processes_cpu_seconds(&[me, 999_999_999]).is_none());
         }
     }
 }

@@ -137,6 +137,8 @@ struct Acc {
     tally: Tally,
     elapsed: Duration,
     cpu: Option<f64>,
+    /// CPU seconds of the `--server-pid` processes during the slices.
+    server_cpu: Option<f64>,
     retransmits_before: u64,
 }
 
@@ -178,6 +180,7 @@ pub(super) async fn run(
             tally: Tally::new(),
             elapsed: Duration::ZERO,
             cpu: Some(0.0),
+            server_cpu: (!spec.server_pids.is_empty()).then_some(0.0),
             retransmits_before: retransmits(c),
         })
         .collect();
@@ -188,7 +191,8 @@ pub(super) async fn run(
     for round in 0..rounds {
         for (ci, c) in conns.iter().enumerate() {
             pb.set_message(format!("round {}/{rounds} variant {}", round + 1, c.label));
-            let cpu0 = stats::process_cpu_seconds();
+            let cpu0 = stats::process_cpu_seconds(None);
+            let server0 = stats::processes_cpu_seconds(&spec.server_pids);
             let t0 = Instant::now();
             let stop = match slice_bytes {
                 Some(b) => Stop::Budget(Arc::new(AtomicU64::new(b))),
@@ -222,7 +226,15 @@ pub(super) async fn run(
                 accs[ci].tally.add(&tally);
             }
             accs[ci].elapsed += t0.elapsed();
-            accs[ci].cpu = match (accs[ci].cpu, cpu0, stats::process_cpu_seconds()) {
+            accs[ci].cpu = match (accs[ci].cpu, cpu0, stats::process_cpu_seconds(None)) {
+                (Some(sum), Some(a), Some(b)) => Some(sum + (b - a)),
+                _ => None,
+            };
+            accs[ci].server_cpu = match (
+                accs[ci].server_cpu,
+                server0,
+                stats::processes_cpu_seconds(&spec.server_pids),
+            ) {
                 (Some(sum), Some(a), Some(b)) => Some(sum + (b - a)),
                 _ => None,
             };
@@ -248,13 +260,21 @@ pub(super) async fn run(
             read_summary: summary_or_none(&a.tally.reads),
             write_summary: summary_or_none(&a.tally.writes),
             client_cpu_cores: a.cpu.filter(|_| secs > 0.0).map(|cpu| cpu / secs),
-            server_cpu_cores: None,
+            server_cpu_cores: a.server_cpu.filter(|_| secs > 0.0).map(|cpu| cpu / secs),
             retransmits: retransmits(c).saturating_sub(a.retransmits_before),
         });
     }
-    result
-        .notes
-        .push("server CPU: n/a (nfsrdmad exposes no CPU counters to clients)".into());
+    if spec.server_pids.is_empty() {
+        result.notes.push(
+            "server CPU: n/a (give --server-pid when the server runs on this machine)".into(),
+        );
+    } else {
+        result.notes.push(format!(
+            "server CPU: user + system time of PIDs {:?} (/proc/PID/stat) over wall time; \
+             work done for them in interrupt context is not counted",
+            spec.server_pids
+        ));
+    }
     result.notes.push(
         "client CPU: user + system time of this process (/proc/self/stat) over wall time".into(),
     );
