@@ -399,6 +399,9 @@ fn latency_run_writes_table_json_csv_and_svg() {
     validate(&doc);
     assert_eq!(doc["mode"], "latency");
     assert_eq!(doc["server"], "127.0.0.1");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(doc["host"]["kernel"], kernel.trim());
+    assert!(doc["host"]["cpus"].as_u64().unwrap() >= 1);
     assert_eq!(doc["config"]["file_size_bytes"], 1 << 20);
     assert_eq!(doc["variants"].as_array().unwrap().len(), 2);
     assert_eq!(doc["variants"][1]["poll"], "event");
@@ -706,6 +709,14 @@ fn vm_bench_latency_over_rdma_applies_inline_and_remote_invalidation() {
     println!("{out}");
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     validate(&doc);
+    // The Soft-RoCE device is named in the report.
+    let devices = doc["host"]["rdma_devices"].as_array().unwrap();
+    assert!(
+        devices
+            .iter()
+            .any(|d| d.as_str().unwrap().starts_with("rxe")),
+        "{devices:?}"
+    );
     // A: RI on, 1k; B: RI on, 4k; C: RI off, 1k; D: RI off, 4k.
     let labels = ["A", "B", "C", "D"];
     for (l, inline) in labels.iter().zip([1024, 4096, 1024, 4096]) {

@@ -689,6 +689,44 @@ pub struct BenchResult {
     pub throughput: Vec<ThroughputRow>,
     /// Remarks on the run (skipped record sizes, what is not measured).
     pub notes: Vec<String>,
+    /// The machine the bench ran on.
+    pub host: HostInfo,
+}
+
+/// The client machine, as far as the bench can tell.
+#[derive(Debug, Clone, Default)]
+pub struct HostInfo {
+    /// Kernel release (`/proc/sys/kernel/osrelease`).
+    pub kernel: Option<String>,
+    /// CPUs available to the process.
+    pub cpus: usize,
+    /// Names of the RDMA devices present (`/sys/class/infiniband`:
+    /// `rxe0`, `mlx5_0`).
+    pub rdma_devices: Vec<String>,
+}
+
+impl HostInfo {
+    /// Reads the facts of this machine.
+    pub fn probe() -> HostInfo {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut rdma_devices: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        rdma_devices.sort();
+        HostInfo {
+            kernel,
+            cpus,
+            rdma_devices,
+        }
+    }
 }
 
 /// A connected variant.
@@ -846,6 +884,7 @@ pub async fn run_with_hooks(plan: &Plan, hooks: &Hooks) -> Result<BenchResult, B
         latency: Vec::new(),
         throughput: Vec::new(),
         notes: Vec::new(),
+        host: HostInfo::probe(),
     };
     if plan
         .variants

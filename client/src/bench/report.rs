@@ -320,6 +320,11 @@ pub fn json(r: &BenchResult) -> Value {
     json!({
         "schema": SCHEMA_ID,
         "tool": {"name": "nfsrdma", "version": env!("CARGO_PKG_VERSION")},
+        "host": {
+            "kernel": r.host.kernel,
+            "cpus": r.host.cpus,
+            "rdma_devices": r.host.rdma_devices,
+        },
         "date": r.date,
         "server": p.server,
         "path": p.path,
