@@ -9,7 +9,7 @@ use clap::Parser;
 use common::*;
 use nfsrdma_client::bench::{self, BenchArgs, BenchError, HookFuture, Hooks};
 use nfsrdma_client::cli::ConnArgs;
-use nfsrdma_client::xdr::nfs3::{NfsFh3, StableHow};
+use nfsrdma_client::xdr::nfs3::{NfsFh3, NfsProc3, StableHow};
 use nfsrdma_client::Client;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -849,4 +849,28 @@ fn vm_bench_throughput_over_rdma() {
     assert_eq!(a["mr_registrations"], 0, "{a}");
     assert!(b["mr_registrations"].as_u64().unwrap() >= 256, "{b}");
     assert_eq!(b["window_binds"], 0, "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_larger_than_the_transfer_size_go_out_in_parallel_pieces() {
+    let s = TestServer::start(EXPORTS);
+    // 4 KiB transfers: each 64 KiB record is 16 WRITEs, then 16 READs,
+    // in flight together; the data must still land and read back in order.
+    let plan = plan_for(
+        &s,
+        &[
+            "--rsize", "4096", "--wsize", "4096", "-s", "256k", "-r", "64k,4k", "--rounds", "1",
+        ],
+    );
+    let calls = |s: &TestServer, p: NfsProc3| s.service.metrics().calls(p);
+    let (w0, r0) = (calls(&s, NfsProc3::Write), calls(&s, NfsProc3::Read));
+    let r = bench::run(&plan).await.expect("run");
+    assert_eq!(r.variants[0].wsize, 4096);
+    // 256 KiB written twice and read twice at each record size, 4 KiB per call.
+    assert_eq!(calls(&s, NfsProc3::Write) - w0, 2 * 2 * 64, "WRITE calls");
+    assert_eq!(calls(&s, NfsProc3::Read) - r0, 2 * 2 * 64, "READ calls");
+    for row in &r.latency {
+        let records = (256 << 10) / row.record_size;
+        assert_eq!(row.summary.samples, records, "{row:?}");
+    }
 }

@@ -21,8 +21,10 @@ fn pass_of(size_index: usize, phase: Phase) -> u64 {
     }
 }
 
-/// Writes one record with FILE_SYNC WRITEs of at most `wsize` bytes, one
-/// after the other (one call when the record fits).
+/// Writes one record with FILE_SYNC WRITEs of at most `wsize` bytes. A
+/// record larger than `wsize` goes out as one WRITE per `wsize` piece, all
+/// in flight together (as the kernel client splits an O_DIRECT write);
+/// the record is done when every piece is.
 pub(super) async fn write_record(
     client: &Client,
     fh: &NfsFh3,
@@ -30,10 +32,30 @@ pub(super) async fn write_record(
     offset: u64,
     data: Bytes,
 ) -> Result<(), BenchError> {
-    let wsize = client.wsize() as usize;
+    let wsize = (client.wsize() as usize).max(1);
+    if data.len() <= wsize {
+        return write_piece(client, fh, label, offset, data).await;
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for start in (wsize..data.len()).step_by(wsize) {
+        let (c, f, l) = (client.clone(), fh.clone(), label.to_string());
+        let piece = data.slice(start..(start + wsize).min(data.len()));
+        set.spawn(async move { write_piece(&c, &f, &l, offset + start as u64, piece).await });
+    }
+    let first = write_piece(client, fh, label, offset, data.slice(..wsize)).await;
+    join_all(set, label, first, |_: ()| ()).await
+}
+
+/// One WRITE, continued by further WRITEs if the server takes less.
+async fn write_piece(
+    client: &Client,
+    fh: &NfsFh3,
+    label: &str,
+    offset: u64,
+    data: Bytes,
+) -> Result<(), BenchError> {
     let mut done = 0usize;
     while done < data.len() {
-        let end = (done + wsize).min(data.len());
         let at = offset + done as u64;
         let err = |source| BenchError::Client {
             variant: label.to_string(),
@@ -44,7 +66,7 @@ pub(super) async fn write_record(
             .write(
                 fh,
                 at,
-                Payload::from(data.slice(done..end)),
+                Payload::from(data.slice(done..)),
                 StableHow::FileSync,
             )
             .await
@@ -59,8 +81,36 @@ pub(super) async fn write_record(
     Ok(())
 }
 
-/// Reads one record with READs of at most `rsize` bytes, one after the
-/// other; the pieces point into the receive buffers.
+/// Waits for every task of `set` after the first piece's result `first`;
+/// returns the first error, or the pieces' values through `keep`.
+async fn join_all<T: 'static>(
+    mut set: tokio::task::JoinSet<Result<T, BenchError>>,
+    label: &str,
+    first: Result<T, BenchError>,
+    mut keep: impl FnMut(T),
+) -> Result<(), BenchError> {
+    let mut outcome = first.map(&mut keep);
+    while let Some(joined) = set.join_next().await {
+        let r = joined.map_err(|e| BenchError::Client {
+            variant: label.to_string(),
+            what: "I/O task".into(),
+            source: ClientError::Protocol(format!("task failed: {e}")),
+        })?;
+        match r {
+            Ok(v) => keep(v),
+            Err(e) => {
+                if outcome.is_ok() {
+                    outcome = Err(e);
+                }
+            }
+        }
+    }
+    outcome
+}
+
+/// Reads one record with READs of at most `rsize` bytes; a record larger
+/// than `rsize` is read as one READ per `rsize` piece, all in flight
+/// together. The pieces point into the receive buffers.
 pub(super) async fn read_record(
     client: &Client,
     fh: &NfsFh3,
@@ -68,25 +118,59 @@ pub(super) async fn read_record(
     offset: u64,
     len: u64,
 ) -> Result<Vec<Bytes>, BenchError> {
-    let rsize = u64::from(client.rsize());
+    let rsize = u64::from(client.rsize()).max(1);
+    if len <= rsize {
+        return read_piece(client, fh, label, offset, len, offset, len).await;
+    }
+    let mut set = tokio::task::JoinSet::new();
+    let pieces = len.div_ceil(rsize) as usize;
+    for i in 1..pieces {
+        let (c, f, l) = (client.clone(), fh.clone(), label.to_string());
+        let start = i as u64 * rsize;
+        let n = rsize.min(len - start);
+        set.spawn(async move {
+            read_piece(&c, &f, &l, offset + start, n, offset, len)
+                .await
+                .map(|parts| (i, parts))
+        });
+    }
+    let first = read_piece(client, fh, label, offset, rsize, offset, len)
+        .await
+        .map(|parts| (0, parts));
+    let mut by_piece: Vec<Vec<Bytes>> = vec![Vec::new(); pieces];
+    join_all(set, label, first, |(i, parts)| by_piece[i] = parts).await?;
+    Ok(by_piece.into_iter().flatten().collect())
+}
+
+/// READs of `len` bytes at `at` until all are in; `record_offset` and
+/// `record_len` name the record in errors.
+async fn read_piece(
+    client: &Client,
+    fh: &NfsFh3,
+    label: &str,
+    at: u64,
+    len: u64,
+    record_offset: u64,
+    record_len: u64,
+) -> Result<Vec<Bytes>, BenchError> {
     let mut parts = Vec::new();
     let mut got = 0u64;
     while got < len {
-        let n = (len - got).min(rsize) as u32;
+        let n = (len - got) as u32;
         let r = client
-            .read(fh, offset + got, n)
+            .read(fh, at + got, n)
             .await
             .map_err(|source| BenchError::Client {
                 variant: label.to_string(),
-                what: format!("READ at offset {}", offset + got),
+                what: format!("READ at offset {}", at + got),
                 source,
             })?;
         if r.data.is_empty() {
             return Err(BenchError::ShortRead {
                 variant: label.to_string(),
-                offset,
-                got,
-                want: len,
+                offset: record_offset,
+                got: at + got - record_offset,
+                want: record_len,
             });
         }
         got += r.data.len() as u64;
