@@ -322,11 +322,15 @@ struct ConnHandle {
 
 impl ConnHandle {
     fn shut(mut self) {
+        let t0 = Instant::now();
         self.stop.store(true, Ordering::Release);
         let _ = self.id.disconnect();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        tracing::debug!(took = ?t0.elapsed(), "PROBE shut joined");
+        drop(self);
+        tracing::debug!(took = ?t0.elapsed(), "PROBE shut done");
     }
 }
 
@@ -500,6 +504,7 @@ fn accept(
         free_send: (0..send_slots).collect(),
         free_chunks: (0..cfg.chunk_buffers.max(1)).collect(),
         sq_free: sq_depth as usize,
+        sq_depth: sq_depth as usize,
         reads_free: usize::from(read_depth),
         queue: VecDeque::new(),
         reading: HashMap::new(),
@@ -536,6 +541,14 @@ fn accept(
 
 /// Scatter/gather entries per RDMA Write, at most.
 const MAX_SEND_SGE: usize = 16;
+
+/// One RDMA Write of a reply: local pieces, the peer's target.
+struct WriteDesc<'a> {
+    sges: Vec<Sge<'a>>,
+    addr: u64,
+    rkey: u32,
+    len: usize,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -612,6 +625,8 @@ struct Conn {
     free_chunks: Vec<usize>,
     /// Send queue entries not in use.
     sq_free: usize,
+    /// Send queue entries in all.
+    sq_depth: usize,
     /// RDMA Reads we may still start.
     reads_free: usize,
     queue: VecDeque<Pending>,
@@ -678,6 +693,7 @@ impl Conn {
                 let slot = v as usize;
                 let off = slot * self.slot_size;
                 let msg = Bytes::from(self.recv_mr.to_vec(off, wc.byte_len as usize)?);
+                tracing::trace!(peer = %self.ctx.peer, len = msg.len(), queued = self.queue.len(), "PROBE recv");
                 // The buffer was copied out: it goes straight back up.
                 let sge = self.recv_mr.sge(off, self.slot_size)?;
                 self.qp.post_recv(&[RecvWr {
@@ -775,6 +791,7 @@ impl Conn {
                 self.post_send(&reply, &[], None, None)?;
             }
             Received::Call(call) => {
+                tracing::trace!(peer = %self.ctx.peer, xid = call.xid, "PROBE call");
                 self.stats.calls.fetch_add(1, Ordering::Relaxed);
                 if call.needs_reads() {
                     self.stats.chunked_calls.fetch_add(1, Ordering::Relaxed);
@@ -946,6 +963,7 @@ impl Conn {
         };
         let Some(reply) = self.service.handle_call(&self.ctx, xid, body, d) else {
             // A retransmission still in progress: no reply.
+            tracing::debug!(peer = %self.ctx.peer, xid, "retransmission of a call in progress: no reply");
             if let Some(c) = chunk {
                 self.free_chunks.push(c);
             }
@@ -966,6 +984,7 @@ impl Conn {
         let mut chunk_at = chunk.map(|c| (c * self.chunk_size, (c + 1) * self.chunk_size));
         let mut ddp_left = plan.ddp_bytes;
         let mut holds = Vec::with_capacity(plan.writes.len());
+        let mut writes: Vec<WriteDesc<'_>> = Vec::new();
         for w in &plan.writes {
             let mut remote = w.offset;
             let mut batch: Vec<Sge<'_>> = Vec::with_capacity(self.max_sge);
@@ -994,14 +1013,23 @@ impl Conn {
                 batch.push(sge);
                 batch_len += p.len();
                 if batch.len() == self.max_sge {
-                    self.post_write(&batch, remote, w.rkey, batch_len)?;
+                    writes.push(WriteDesc {
+                        sges: std::mem::replace(&mut batch, Vec::with_capacity(self.max_sge)),
+                        addr: remote,
+                        rkey: w.rkey,
+                        len: batch_len,
+                    });
                     remote += batch_len as u64;
-                    batch.clear();
                     batch_len = 0;
                 }
             }
             if !batch.is_empty() {
-                self.post_write(&batch, remote, w.rkey, batch_len)?;
+                writes.push(WriteDesc {
+                    sges: batch,
+                    addr: remote,
+                    rkey: w.rkey,
+                    len: batch_len,
+                });
             }
             holds.push(w.data.clone());
         }
@@ -1012,7 +1040,14 @@ impl Conn {
                 .reply_chunk_replies
                 .fetch_add(1, Ordering::Relaxed),
         };
-        let slot = self.post_send(&plan.header, &plan.inline, plan.send_with_invalidate, chunk)?;
+        let slot = self.post_reply(
+            &writes,
+            &plan.header,
+            &plan.inline,
+            plan.send_with_invalidate,
+            chunk,
+        )?;
+        tracing::trace!(peer = %self.ctx.peer, xid, "PROBE reply sent");
         if !holds.is_empty() {
             self.holds.insert(slot, holds);
         }
@@ -1077,7 +1112,29 @@ impl Conn {
         invalidate: Option<u32>,
         chunk: Option<usize>,
     ) -> Result<usize, ConnError> {
-        while self.free_send.is_empty() || self.sq_free == 0 {
+        self.post_reply(&[], header, inline, invalidate, chunk)
+    }
+
+    /// The reply's RDMA Writes (unsignaled) and its Send, posted in one
+    /// call (one doorbell) when the send queue can take them all; the
+    /// Send's completion stands for the Writes before it.
+    fn post_reply(
+        &mut self,
+        writes: &[WriteDesc<'_>],
+        header: &[u8],
+        inline: &[Bytes],
+        invalidate: Option<u32>,
+        chunk: Option<usize>,
+    ) -> Result<usize, ConnError> {
+        let together = writes.len() < self.sq_depth;
+        if !together {
+            // More Writes than the queue holds: post them as room frees.
+            for w in writes {
+                self.post_write(&w.sges, w.addr, w.rkey, w.len)?;
+            }
+        }
+        let posting = if together { writes.len() } else { 0 };
+        while self.free_send.is_empty() || self.sq_free < posting + 1 {
             self.wait_some()?;
         }
         let slot = self.free_send.pop().expect("checked");
@@ -1110,12 +1167,35 @@ impl Conn {
                 SendOp::Send { sges: &sges }
             }
         };
-        self.qp.post_send(&[SendWr {
+        let mut wrs = Vec::with_capacity(posting + 1);
+        for w in &writes[..posting] {
+            wrs.push(SendWr {
+                wr_id: wr(Kind::Write, 0),
+                op: SendOp::RdmaWrite {
+                    sges: &w.sges,
+                    remote: RemoteBuf {
+                        addr: w.addr,
+                        len: w.len as u32,
+                        rkey: w.rkey,
+                    },
+                },
+                // Unsignaled: the Send after them completes only after
+                // they did, and its completion gives their entries back.
+                flags: SendFlags::UNSIGNALED,
+            });
+        }
+        wrs.push(SendWr {
             wr_id: wr(Kind::Send, send_val(slot, chunk)),
             op,
             flags: SendFlags::SIGNALED,
-        }])?;
-        self.sq_free -= 1;
+        });
+        self.qp.post_send(&wrs)?;
+        self.sq_free -= posting + 1;
+        self.unsignaled_writes += posting;
+        let written: usize = writes[..posting].iter().map(|w| w.len).sum();
+        self.stats
+            .write_bytes
+            .fetch_add(written as u64, Ordering::Relaxed);
         let covered = std::mem::take(&mut self.unsignaled_writes);
         if covered > 0 {
             self.send_writes.insert(slot, covered);
