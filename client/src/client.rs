@@ -59,6 +59,12 @@ pub struct RdmaOptions {
     /// smaller of this and the server's receive size; larger calls and
     /// replies travel in chunks.
     pub inline: u32,
+    /// The largest READ or WRITE payload a slot of the pre-registered
+    /// chunk pool holds (`mw` and `persistent`; 1 MiB by default): the pool
+    /// takes 32 slots × (this + 64 KiB). A call whose chunks do not fit
+    /// gets a region registered for it alone. [`Client::connect`] lowers it
+    /// to the larger of `rsize` and `wsize` when both are given.
+    pub max_io: u32,
 }
 
 impl Default for RdmaOptions {
@@ -68,6 +74,7 @@ impl Default for RdmaOptions {
             reg: RegStrategy::Mw,
             poll: PollMode::Adaptive,
             inline: crate::transport::rdma::INLINE_SIZE,
+            max_io: 1 << 20,
         }
     }
 }
@@ -146,8 +153,12 @@ impl ConnectOptions {
     }
 
     fn rdma_transport(&self) -> crate::transport::rdma::RdmaTransportOptions {
+        let mut rdma = self.rdma;
+        if let (Some(r), Some(w)) = (self.rsize, self.wsize) {
+            rdma.max_io = rdma.max_io.min(r.max(w)).max(4096);
+        }
         crate::transport::rdma::RdmaTransportOptions {
-            rdma: self.rdma,
+            rdma,
             timeo: self.timeo,
             retrans: self.retrans,
             soft: self.soft,

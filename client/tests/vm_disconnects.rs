@@ -10,15 +10,11 @@
 mod common;
 
 use bytes::Bytes;
-use common::{checksum, pattern, root, EXPORTS};
+use common::rdma::{rdma_ip, RdmaServer};
+use common::{checksum, pattern, root};
 use nfsrdma_client::xdr::nfs3::*;
 use nfsrdma_client::{Client, ConnectOptions, RdmaOptions, TransportKind};
-use nfsrdma_server::exports::Exports;
-use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
-use nfsrdma_server::service::{Service, ServiceConfig};
-use nfsrdma_server::store::StoreConfig;
-use nfsrdma_server::tcp::{TcpConfig, TcpServer};
-use std::net::{IpAddr, SocketAddr};
+use nfsrdma_server::rdma::{RdmaListener, RdmaStats};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,95 +26,35 @@ const REGION: u64 = 1 << 20;
 /// Forced disconnects wanted.
 const DISCONNECTS: u64 = 100;
 /// Time the disconnects may take (they stop early, and say so, past it).
-const BUDGET: Duration = Duration::from_secs(180);
+/// 100 take about 200 s in the VM, most of it the pauses below and the
+/// client's redial backoff.
+const BUDGET: Duration = Duration::from_secs(300);
+/// Disconnects that must fit in the budget. Each one whose resent calls
+/// stall costs the budget the stall (it was 50 s each, and 5 fitted in
+/// 180 s); the margin is for a guest much slower than usual (the pauses
+/// and the backoff do not slow down with it).
+const REQUIRED: u64 = 80;
 /// Upper bound for any single wait (the client reconnecting, progress).
 const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
-fn rdma_ip() -> IpAddr {
-    std::env::var("NFSRDMA_RDMA_ADDR")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| "10.99.0.1".parse().unwrap())
-}
-
-/// Our server: NFS over RDMA on the rxe address, MOUNT over TCP.
-struct RdmaServer {
-    tcp: SocketAddr,
-    rdma_port: u16,
-    listener: Arc<RdmaListener>,
-    shutdown: tokio::sync::watch::Sender<bool>,
-    service: Arc<Service>,
-}
-
-impl RdmaServer {
-    fn start() -> RdmaServer {
-        let ip = rdma_ip();
-        let dev = RdmaDevice::open(SocketAddr::new(ip, 0), 1 << 30).expect("RDMA device");
-        let rules = Exports::parse(EXPORTS).expect("exports");
-        let ex = Service::exports_from_rules_with(&rules, &StoreConfig::default(), &|| {
-            dev.block_source()
-        });
-        let service = Arc::new(Service::new(ex, ServiceConfig::default()));
-        let listener = RdmaListener::start(
-            service.clone(),
-            RdmaConfig {
-                addr: SocketAddr::new(ip, 0),
-                ..RdmaConfig::default()
-            },
-            dev,
-        )
-        .expect("RDMA listener");
-        let svc = service.clone();
-        let tcp = std::net::TcpListener::bind(SocketAddr::new(ip, 0)).expect("bind");
-        tcp.set_nonblocking(true).expect("nonblocking");
-        let addr = tcp.local_addr().expect("addr");
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::from_std(tcp).expect("listener");
-                TcpServer::new(svc, TcpConfig::default()).serve(l, rx).await;
-            });
-        });
-        RdmaServer {
-            tcp: addr,
-            rdma_port: listener.port(),
-            listener: Arc::new(listener),
-            shutdown: tx,
-            service,
-        }
-    }
-
-    fn stats(&self) -> Arc<RdmaStats> {
-        self.listener.stats()
-    }
-
-    async fn connect(&self) -> Client {
-        let o = ConnectOptions {
-            transport: TransportKind::Rdma,
-            port: Some(self.rdma_port),
-            mount_port: Some(self.tcp.port()),
-            auth: root(),
-            // An upper bound only: a dropped connection is noticed from the
-            // connection manager's event, not from a call timing out.
-            timeo: Duration::from_secs(30),
-            rdma: RdmaOptions::default(),
-            ..ConnectOptions::default()
-        };
-        Client::connect(&o, &rdma_ip().to_string(), "/export")
-            .await
-            .expect("connect over RDMA")
-    }
-}
-
-impl Drop for RdmaServer {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-    }
+/// With `RUST_LOG` set, logs go to `$NFSRDMA_VM_OUT/vm_disconnects.log`
+/// (the VM's out folder, kept on the host) or else to stderr: the guest's
+/// serial console is too slow for a debug log of this test.
+fn init_log() {
+    let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() else {
+        return;
+    };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_thread_names(true);
+    let file = std::env::var_os("NFSRDMA_VM_OUT")
+        .map(|d| std::path::Path::new(&d).join("vm_disconnects.log"))
+        .and_then(|p| std::fs::File::create(p).ok());
+    let _ = match file {
+        Some(f) => b.with_writer(std::sync::Mutex::new(f)).try_init(),
+        None => b.with_writer(std::io::stderr).try_init(),
+    };
 }
 
 fn mode(m: u32) -> Sattr3 {
@@ -280,15 +216,18 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 /// for the client to be connected again and to have made progress, lets
 /// it run 100-300 ms, and disconnects. The client backs off redialling
 /// while its connections live under 5 s, so after every 5 disconnects the
-/// connection is left alone for 5.5 s. Returns the disconnects done.
+/// connection is left alone for 5.5 s. Returns the disconnects done, the
+/// time they took, and for each the time from the disconnect to the
+/// client's progress on its new connection.
 fn disconnector(
     listener: Arc<RdmaListener>,
     stats: Arc<RdmaStats>,
     ops: Arc<AtomicU64>,
-) -> (u64, Duration) {
+) -> (u64, Duration, Vec<Duration>) {
     let t0 = Instant::now();
     let mut rng = Rng::new(t0.elapsed().subsec_nanos().into());
     let mut done = 0u64;
+    let mut recoveries = Vec::new();
     while done < DISCONNECTS && t0.elapsed() < BUDGET {
         let t = Instant::now();
         wait_for("the client to reconnect", || {
@@ -299,6 +238,9 @@ fn disconnector(
         wait_for("the client to make progress", || {
             ops.load(Ordering::Relaxed) >= seen + 4
         });
+        if done > 0 {
+            recoveries.push(t.elapsed());
+        }
         println!(
             "at {:?}: connected again after {reconnect:?}, progress after {:?}",
             t0.elapsed(),
@@ -321,15 +263,16 @@ fn disconnector(
             );
         }
     }
-    (done, t0.elapsed())
+    (done, t0.elapsed(), recoveries)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 async fn vm_disconnects_lose_nothing_and_execute_once() {
+    init_log();
     let s = RdmaServer::start();
     let stats = s.stats();
-    let c = s.connect().await;
+    let c = s.connect(RdmaOptions::default()).await;
     let root = c.root().clone();
     let fh = c
         .create(&root, "data", CreateHow3::Unchecked(mode(0o644)))
@@ -374,12 +317,13 @@ async fn vm_disconnects_lose_nothing_and_execute_once() {
             issued.clone(),
         ));
     }
-    let (l, st, o) = (s.listener.clone(), stats.clone(), ops.clone());
+    let (l, st, o) = (s.listener(), stats.clone(), ops.clone());
     let dropper = tokio::task::spawn_blocking(move || disconnector(l, st, o));
-    let (done, took) = match tokio::time::timeout(BUDGET + 2 * WAIT_LIMIT, dropper).await {
-        Ok(r) => r.expect("disconnector"),
-        Err(_) => panic!("the disconnects did not finish"),
-    };
+    let (done, took, mut recoveries) =
+        match tokio::time::timeout(BUDGET + 2 * WAIT_LIMIT, dropper).await {
+            Ok(r) => r.expect("disconnector"),
+            Err(_) => panic!("the disconnects did not finish"),
+        };
     stop.store(true, Ordering::Relaxed);
     let mut generations = 0;
     let all = tokio::time::timeout(WAIT_LIMIT * 2, async {
@@ -427,13 +371,33 @@ async fn vm_disconnects_lose_nothing_and_execute_once() {
         println!("  {p:?}: {i} acknowledged, {e} executed");
     }
     print!("{}", stats.report());
+    recoveries.sort();
+    if let Some(max) = recoveries.last() {
+        let at = |q: usize| recoveries[(recoveries.len() - 1) * q / 100];
+        println!(
+            "from a disconnect to progress on the new connection: median {:?}, 90th percentile {:?}, max {max:?}",
+            at(50),
+            at(90)
+        );
+    }
     if done < DISCONNECTS {
         println!("NOTE: only {done} of {DISCONNECTS} disconnects fit in {BUDGET:?}");
     }
+    if st.connects > done + 1 {
+        println!(
+            "NOTE: {} connections ended otherwise than by a forced disconnect",
+            st.connects - done - 1
+        );
+    }
 
-    // Each forced disconnect is followed by a stall of about 50 s before the
-    // resent calls complete (a known, unexplained problem), so only a few fit.
-    assert!(done >= 2, "too few disconnects to mean anything: {done}");
+    // The resent calls complete right after each reconnect: most of the
+    // disconnects fit in the budget (a stall after each one, as the 50 s
+    // of a queue pair destroyed before its memory windows, lets only a
+    // handful fit).
+    assert!(
+        done >= REQUIRED,
+        "only {done} disconnects in {took:?} (at least {REQUIRED} wanted)"
+    );
     assert_eq!(forced, done);
     // The client noticed every drop and reconnected by itself.
     assert!(st.connects > done, "{st:?}");
@@ -463,7 +427,7 @@ async fn vm_disconnects_lose_nothing_and_execute_once() {
         assert!(t.elapsed() < WAIT_LIMIT, "connection still open");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let c2 = s.connect().await;
+    let c2 = s.connect(RdmaOptions::default()).await;
     let r = c2.read(&fh, 0, 4096).await.unwrap();
     assert_eq!(r.data.len(), 4096);
     c2.null().await.unwrap();
@@ -478,7 +442,7 @@ async fn vm_disconnects_lose_nothing_and_execute_once() {
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 async fn vm_disconnects_unaligned_writes_land_intact() {
     let s = RdmaServer::start();
-    let c = s.connect().await;
+    let c = s.connect(RdmaOptions::default()).await;
     let o = ConnectOptions {
         transport: TransportKind::Tcp,
         port: Some(s.tcp.port()),

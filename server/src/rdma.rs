@@ -322,15 +322,11 @@ struct ConnHandle {
 
 impl ConnHandle {
     fn shut(mut self) {
-        let t0 = Instant::now();
         self.stop.store(true, Ordering::Release);
         let _ = self.id.disconnect();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        tracing::debug!(took = ?t0.elapsed(), "PROBE shut joined");
-        drop(self);
-        tracing::debug!(took = ?t0.elapsed(), "PROBE shut done");
     }
 }
 
@@ -693,7 +689,6 @@ impl Conn {
                 let slot = v as usize;
                 let off = slot * self.slot_size;
                 let msg = Bytes::from(self.recv_mr.to_vec(off, wc.byte_len as usize)?);
-                tracing::trace!(peer = %self.ctx.peer, len = msg.len(), queued = self.queue.len(), "PROBE recv");
                 // The buffer was copied out: it goes straight back up.
                 let sge = self.recv_mr.sge(off, self.slot_size)?;
                 self.qp.post_recv(&[RecvWr {
@@ -791,7 +786,6 @@ impl Conn {
                 self.post_send(&reply, &[], None, None)?;
             }
             Received::Call(call) => {
-                tracing::trace!(peer = %self.ctx.peer, xid = call.xid, "PROBE call");
                 self.stats.calls.fetch_add(1, Ordering::Relaxed);
                 if call.needs_reads() {
                     self.stats.chunked_calls.fetch_add(1, Ordering::Relaxed);
@@ -1047,7 +1041,6 @@ impl Conn {
             plan.send_with_invalidate,
             chunk,
         )?;
-        tracing::trace!(peer = %self.ctx.peer, xid, "PROBE reply sent");
         if !holds.is_empty() {
             self.holds.insert(slot, holds);
         }

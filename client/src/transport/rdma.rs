@@ -29,7 +29,8 @@
 //!   (grant − 1 calls in flight, at least one).
 //! - A slot table of [`RECV_BUFFERS`] slots: each slot has a send buffer
 //!   (the server's inline receive size) and, for the `mw` and `persistent`
-//!   strategies, a chunk area of [`AREA`] bytes in one pre-registered pool
+//!   strategies, a chunk area of [`RdmaOptions::max_io`] + 64 KiB bytes
+//!   ([`AREA`] by default) in one pre-registered pool
 //!   (Read chunk data, then the Write chunk, then the Reply chunk).
 //!
 //! # Registration ([`RegStrategy`])
@@ -64,8 +65,9 @@
 //! - A slot is also held until its Send completed.
 //! - A caller that gives up (future dropped) leaves its slot held until the
 //!   reply arrives and is fenced as above. A call that times out drops the
-//!   connection: destroying the queue pair, the windows, the regions and
-//!   the protection domain fences everything the connection registered. A
+//!   connection: deallocating the windows and destroying the queue pair,
+//!   the regions and the protection domain fences everything the
+//!   connection registered (its memory is never reused before that). A
 //!   failed work request (a failed invalidation included) drops the
 //!   connection too (RFC 8166 §4.4).
 //!
@@ -77,6 +79,10 @@
 //! (an RC connection does not lose messages; as the Linux client does) and
 //! is retransmitted on a new one. Soft mode fails a call with
 //! [`ClientError::TimedOut`] after `timeo × (retrans + 1)`.
+//!
+//! A dead connection's verbs objects are destroyed on a thread of their
+//! own, windows first (see `Teardown`), so that reconnecting and resending
+//! never wait for them.
 
 use super::{reply_results, CallFuture, RpcCall, Transport, TransportKind, TransportStats};
 use crate::error::ClientError;
@@ -109,9 +115,11 @@ pub const INLINE_SIZE: u32 = 4096;
 pub const MIN_INLINE: u32 = 1024;
 /// The largest inline threshold we accept (one receive buffer per credit).
 pub const MAX_INLINE: u32 = 1 << 20;
-/// Chunk memory of one slot in the pre-registered pool: a 1 MiB READ or
-/// WRITE payload plus room for the rest of the call or reply.
-pub const AREA: usize = (1 << 20) + (64 << 10);
+/// Chunk memory of one slot in the pre-registered pool by default: a 1 MiB
+/// READ or WRITE payload plus room for the rest of the call or reply.
+pub const AREA: usize = (1 << 20) + AREA_EXTRA;
+/// Room in a slot's area beyond [`RdmaOptions::max_io`].
+const AREA_EXTRA: usize = 64 << 10;
 /// Alignment of each chunk within an area.
 const ALIGN: usize = 64;
 
@@ -540,6 +548,8 @@ struct State {
 struct Conn {
     id: u64,
     counters: Arc<Counters>,
+    /// Bytes of one slot's chunk area in the pool.
+    area: usize,
     cfg: RequesterConfig,
     strategy: RegStrategy,
     offered_ri: bool,
@@ -555,9 +565,110 @@ struct Conn {
     st: Mutex<State>,
     notify: Notify,
     dead: AtomicBool,
-    cm: CmId,
+    cm: Arc<CmId>,
     _pd: Arc<ProtectionDomain>,
     events: Arc<EventChannel>,
+    /// Set when the connection is dropped; dropped last of all fields, it
+    /// tells the teardown thread that the references above are gone.
+    gate: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Drop for Conn {
+    /// The verbs objects are destroyed on a thread of their own: whoever
+    /// drops the last reference (often the task that has just reconnected,
+    /// on an async worker, holding the connection lock) must not wait for
+    /// verbs calls.
+    fn drop(&mut self) {
+        let t = Teardown {
+            id: self.id,
+            windows: std::mem::take(&mut self.windows),
+            qp: self.qp.clone(),
+            slots: std::mem::take(&mut lock(&self.st).slots),
+            pool: self.pool.take(),
+            regions: [self.recv_mr.clone(), self.send_mr.clone()],
+            cq: self.cq.clone(),
+            channel: self.channel.take(),
+            cm: self.cm.clone(),
+            pd: self._pd.clone(),
+            events: self.events.clone(),
+        };
+        let (gate, fields_dropped) = std::sync::mpsc::channel::<()>();
+        self.gate = Some(gate);
+        // Without a thread the closure, and all it holds, is dropped right
+        // here, in the same order.
+        if let Err(e) = std::thread::Builder::new()
+            .name(format!("rdma-down-{}", self.id))
+            .spawn(move || {
+                // Ours are the last references once the fields are gone.
+                let _ = fields_dropped.recv();
+                t.run();
+            })
+        {
+            tracing::warn!(conn = self.id, error = %e, "no teardown thread; releasing in place");
+        }
+    }
+}
+
+/// A teardown that takes longer than this is reported: something still
+/// held a reference to one of the connection's objects.
+const SLOW_TEARDOWN: Duration = Duration::from_secs(5);
+
+/// What a connection created and registered, in the order it is destroyed
+/// (fields drop in declaration order too).
+///
+/// The memory windows go before the queue pair: a bound type-2 window holds
+/// a reference to the queue pair it was bound through until it is
+/// invalidated or deallocated, and destroying a queue pair waits for its
+/// references. The calls in flight when a connection breaks leave their
+/// windows bound; with the queue pair destroyed first, Soft-RoCE (Linux
+/// 6.1) waited 50 s for them, then logged a warning and went on. Regions go
+/// after the queue pair (its responder may hold one while a peer's RDMA
+/// operation is under way).
+struct Teardown {
+    id: u64,
+    windows: Vec<[MemoryWindow; 3]>,
+    qp: Arc<QueuePair>,
+    slots: Vec<Option<Inflight>>,
+    pool: Option<Arc<MemoryRegion>>,
+    regions: [Arc<MemoryRegion>; 2],
+    cq: Arc<CompletionQueue>,
+    channel: Option<Arc<CompletionChannel>>,
+    cm: Arc<CmId>,
+    pd: Arc<ProtectionDomain>,
+    events: Arc<EventChannel>,
+}
+
+impl Teardown {
+    fn run(self) {
+        let t0 = Instant::now();
+        let Teardown {
+            id,
+            windows,
+            qp,
+            slots,
+            pool,
+            regions,
+            cq,
+            channel,
+            cm,
+            pd,
+            events,
+        } = self;
+        drop(windows);
+        let t1 = Instant::now();
+        drop(qp);
+        let qp_took = t1.elapsed();
+        drop((slots, pool, regions));
+        drop((cq, channel));
+        drop(cm);
+        drop((pd, events));
+        let took = t0.elapsed();
+        if took > SLOW_TEARDOWN {
+            tracing::warn!(conn = id, ?took, queue_pair = ?qp_took, "slow connection teardown");
+        } else {
+            tracing::debug!(conn = id, ?took, queue_pair = ?qp_took, "connection torn down");
+        }
+    }
 }
 
 impl std::fmt::Debug for Conn {
@@ -653,13 +764,14 @@ impl Conn {
                 }
             }
         }
+        let area = align(opts.max_io.clamp(4096, 1 << 20) as usize + AREA_EXTRA);
         let pool = match strategy {
             RegStrategy::Mw => Some(
-                MemoryRegion::new(&pd, slots * AREA, Access::MW_BIND)
+                MemoryRegion::new(&pd, slots * area, Access::MW_BIND)
                     .map_err(e("registering the chunk pool"))?,
             ),
             RegStrategy::Persistent => Some(
-                MemoryRegion::new(&pd, slots * AREA, Access::REMOTE)
+                MemoryRegion::new(&pd, slots * area, Access::REMOTE)
                     .map_err(e("registering the chunk pool"))?,
             ),
             RegStrategy::RegMr => None,
@@ -707,6 +819,7 @@ impl Conn {
         Ok(Arc::new(Conn {
             id,
             counters,
+            area,
             cfg,
             strategy,
             offered_ri,
@@ -728,9 +841,10 @@ impl Conn {
             }),
             notify: Notify::new(),
             dead: AtomicBool::new(false),
-            cm,
+            cm: Arc::new(cm),
             _pd: pd,
             events,
+            gate: None,
         }))
     }
 
@@ -745,7 +859,8 @@ impl Conn {
 
     /// Marks the connection dead and sends every waiting call off to be
     /// retransmitted. The registrations are fenced when the connection's
-    /// objects are destroyed (queue pair, windows, regions, PD).
+    /// objects are destroyed (windows, queue pair, regions, PD; see
+    /// [`Teardown`]) once the last reference to it is gone.
     fn kill_locked(&self, st: &mut State, reason: &str) {
         if self.dead.swap(true, Ordering::AcqRel) {
             return;
@@ -854,8 +969,8 @@ impl Conn {
                 _ => Access::REMOTE,
             };
             match (&self.pool, self.strategy) {
-                (Some(pool), RegStrategy::Mw | RegStrategy::Persistent) if total <= AREA => {
-                    (Some(pool.clone()), slot * AREA)
+                (Some(pool), RegStrategy::Mw | RegStrategy::Persistent) if total <= self.area => {
+                    (Some(pool.clone()), slot * self.area)
                 }
                 _ => {
                     let mr = MemoryRegion::new(self.qp.pd(), total, per_rpc_access)
