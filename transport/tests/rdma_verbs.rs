@@ -750,8 +750,13 @@ fn engine_adaptive_mode_spins_then_sleeps() {
         traffic.empty_polls > traffic.arms,
         "spun before arming: {traffic:?}"
     );
+    // Asleep while idle: an arm per wait slice (50 ms) plus one per event
+    // left over from the traffic (a CQ armed during traffic may still
+    // signal), far below the thousands of spin-and-arm rounds 300 ms of
+    // 100 µs spins would give. (Under a loaded emulator the leftover
+    // events reach the low hundreds.)
     let idle_arms = idle.arms - traffic.arms;
-    assert!((1..50).contains(&idle_arms), "{idle_arms} arms while idle");
+    assert!((1..500).contains(&idle_arms), "{idle_arms} arms while idle");
 }
 
 #[test]

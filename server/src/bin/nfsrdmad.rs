@@ -263,6 +263,12 @@ async fn run(
     rdma: Option<(RdmaConfig, Arc<RdmaDevice>)>,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
+    // Handlers first: whoever reads the "listening" lines below may signal
+    // at once, and the default action of SIGUSR1 and SIGTERM would end the
+    // process without a report or a saved state.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding TCP {addr}"))?;
@@ -315,9 +321,6 @@ async fn run(
     let server = TcpServer::new(service.clone(), tcp);
     let serving = tokio::spawn(async move { server.serve(listener, rx).await });
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
     loop {
         tokio::select! {
             _ = term.recv() => break,
