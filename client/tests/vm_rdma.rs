@@ -197,6 +197,15 @@ async fn io_matrix(reg: RegStrategy) {
             );
             assert_eq!(st.connects, 1, "{st:?}");
             assert_eq!(st.retransmits, 0, "{st:?}");
+            // READ data: lent without a copy from per-RPC regions (which
+            // deregistration fences), copied out of the pools.
+            let (lent, copied) = if reg == RegStrategy::RegMr {
+                (st.reply_bytes_lent, st.reply_bytes_copied)
+            } else {
+                (st.reply_bytes_copied, st.reply_bytes_lent)
+            };
+            assert!(lent >= 16 << 20, "{st:?}");
+            assert_eq!(copied, 0, "{st:?}");
             match reg {
                 RegStrategy::Mw => {
                     assert!(st.window_binds > 0, "{st:?}");

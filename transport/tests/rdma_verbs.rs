@@ -641,6 +641,53 @@ fn per_rpc_registration_fallback_dies_with_dereg() {
     assert_eq!(wc.status, Err(CompletionError::RemoteAccess), "{wc:?}");
 }
 
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_region_given_up_as_bytes_keeps_the_data_and_is_dead_to_peers() {
+    let pair = connect_pair(PairOpts::default());
+    let (c, s) = (&pair.client, &pair.server);
+    let local = MemoryRegion::new(&c.pd, 8192, Access::LOCAL).unwrap();
+    local.write_at(0, &pattern(5, 8192)).unwrap();
+
+    let mr = MemoryRegion::new(&s.pd, 8192, Access::REMOTE).unwrap();
+    let remote = mr.remote(0, 8192).unwrap();
+    expect_ok(
+        rdma_write(c, 1, &local, 8192, remote),
+        1,
+        WcOpcode::RdmaWrite,
+    );
+    // Held elsewhere: the region comes back, still registered.
+    let other = mr.clone();
+    let mr = match MemoryRegion::into_bytes(mr, 0, 8192) {
+        Err(Ok(mr)) => mr,
+        Ok(_) => panic!("a shared region was given up"),
+        Err(Err(e)) => panic!("{e}"),
+    };
+    drop(other);
+    // Out of range: refused, the region is consumed but was never
+    // deregistered twice (no crash), and a fresh one works.
+    assert!(matches!(
+        MemoryRegion::into_bytes(
+            MemoryRegion::new(&s.pd, 4096, Access::REMOTE).unwrap(),
+            4000,
+            200
+        ),
+        Err(Err(VerbsError::InvalidArgument(_)))
+    ));
+    let b = match MemoryRegion::into_bytes(mr, 1000, 7192) {
+        Ok(b) => b,
+        Err(Ok(_)) => panic!("a unique region was not given up"),
+        Err(Err(e)) => panic!("{e}"),
+    };
+    assert_eq!(&b[..], &pattern(5, 8192)[1000..]);
+
+    // The peer can no longer reach the memory the bytes live in.
+    local.write_at(0, &pattern(6, 8192)).unwrap();
+    let wc = rdma_write(c, 2, &local, 8192, remote);
+    assert_eq!(wc.status, Err(CompletionError::RemoteAccess), "{wc:?}");
+    assert_eq!(&b[..], &pattern(5, 8192)[1000..]);
+}
+
 /// Ping-pong traffic through an engine polling both CQs; returns the
 /// engine's counters after the traffic and after an idle period.
 fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {

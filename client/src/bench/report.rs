@@ -287,6 +287,8 @@ pub fn json(r: &BenchResult) -> Value {
                     "send_to_reply_ns": t.send_to_reply_ns,
                     "invalidate_ns": t.invalidate_ns,
                     "copy_out_ns": t.copy_out_ns,
+                    "reply_bytes_copied": t.reply_bytes_copied,
+                    "reply_bytes_lent": t.reply_bytes_lent,
                 })),
             })
         })

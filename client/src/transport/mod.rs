@@ -186,6 +186,13 @@ pub struct TransportStats {
     /// RDMA: total time spent copying replies out of registered memory,
     /// in ns.
     pub copy_out_ns: u64,
+    /// RDMA: bytes of READ data and Reply chunks copied out of registered
+    /// memory (the `mw` and `persistent` pools).
+    pub reply_bytes_copied: u64,
+    /// RDMA: bytes of READ data and Reply chunks handed to the caller
+    /// without a copy (a per-RPC region, deregistered, becomes the reply's
+    /// memory).
+    pub reply_bytes_lent: u64,
 }
 
 impl TransportStats {
@@ -208,6 +215,8 @@ impl TransportStats {
             send_to_reply_ns: d(self.send_to_reply_ns, earlier.send_to_reply_ns),
             invalidate_ns: d(self.invalidate_ns, earlier.invalidate_ns),
             copy_out_ns: d(self.copy_out_ns, earlier.copy_out_ns),
+            reply_bytes_copied: d(self.reply_bytes_copied, earlier.reply_bytes_copied),
+            reply_bytes_lent: d(self.reply_bytes_lent, earlier.reply_bytes_lent),
         }
     }
 
@@ -229,6 +238,8 @@ impl TransportStats {
             send_to_reply_ns: self.send_to_reply_ns + o.send_to_reply_ns,
             invalidate_ns: self.invalidate_ns + o.invalidate_ns,
             copy_out_ns: self.copy_out_ns + o.copy_out_ns,
+            reply_bytes_copied: self.reply_bytes_copied + o.reply_bytes_copied,
+            reply_bytes_lent: self.reply_bytes_lent + o.reply_bytes_lent,
         }
     }
 

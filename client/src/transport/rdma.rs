@@ -71,6 +71,23 @@
 //!   failed work request (a failed invalidation included) drops the
 //!   connection too (RFC 8166 §4.4).
 //!
+//! # Reply data: copied or lent
+//! Once a call is fenced, its READ data (Write chunk) and Reply chunk reach
+//! the caller as `Bytes`:
+//! - from a per-RPC region (`reg-mr`, and `mw` calls too large for a slot
+//!   once their windows let go of the region), without a copy: the region
+//!   is deregistered, which proves no peer and no work request can reach
+//!   it any more, and its buffer becomes the reply's memory
+//!   ([`MemoryRegion::into_bytes`]);
+//! - from the pool (`mw`, `persistent`), by copy. The pool is not lent out:
+//!   the slot would stay taken for as long as the caller keeps the data,
+//!   other calls' windows are bound over the same region, and on Soft-RoCE
+//!   a window's rkey reaches the rest of its region (with `persistent`,
+//!   the server may write the pool at any time by design).
+//!
+//! The transport counts the bytes of each kind (`reply_bytes_copied`,
+//! `reply_bytes_lent`).
+//!
 //! # Timeouts, reconnection, retransmission
 //! As for TCP: the first connection is made by [`RdmaTransport::connect`]
 //! and fails at once; when a connection breaks, the next call reconnects
@@ -189,6 +206,8 @@ struct Counters {
     wire_ns: AtomicU64,
     invalidate_ns: AtomicU64,
     copy_out_ns: AtomicU64,
+    bytes_copied: AtomicU64,
+    bytes_lent: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -282,6 +301,8 @@ impl RdmaTransport {
             send_to_reply_ns: g(&c.wire_ns),
             invalidate_ns: g(&c.invalidate_ns),
             copy_out_ns: g(&c.copy_out_ns),
+            reply_bytes_copied: g(&c.bytes_copied),
+            reply_bytes_lent: g(&c.bytes_lent),
         }
     }
 
@@ -1108,6 +1129,13 @@ impl Conn {
         self.counters
             .binds
             .fetch_add(binds.len() as u64, Ordering::Relaxed);
+        // Our reference to the chunk memory goes before the slot table is
+        // unlocked: once it is, the reply may be handled at once, and a
+        // per-RPC region is handed over without a copy only when the call
+        // is its sole holder.
+        drop(wrs);
+        drop(mem);
+        drop(st);
         Ok(rx)
     }
 
@@ -1332,17 +1360,55 @@ impl Conn {
         Ok(())
     }
 
-    /// Every registration of the slot's RPC is fenced: copy the reply out,
-    /// hand it over, and free the slot once its Send completed too.
+    /// Every registration of the slot's RPC is fenced: hand the reply over
+    /// (copied out of the pool, or, from a per-RPC region, the region's
+    /// own memory once deregistered) and free the slot once its Send
+    /// completed too.
     fn finish(&self, st: &mut State, slot: usize) -> Result<(), String> {
         let inf = st.slots[slot].as_mut().ok_or("slot table out of step")?;
         let Some(reply) = inf.reply.take() else {
             return Ok(());
         };
         let fenced = Instant::now();
+        let has_data = match &reply {
+            Reply::Message {
+                message, written, ..
+            } => matches!(message, ReplyMessage::InReplyChunk(_)) || written.is_some_and(|n| n > 0),
+            Reply::Error { .. } => false,
+        };
+        // A per-RPC region that nothing else holds is deregistered here
+        // (that fences it) and its buffer becomes the reply's memory. The
+        // pool is never lent out: other calls' windows are bound over it,
+        // and on Soft-RoCE a window's rkey reaches the rest of its region.
+        let mut lent: Option<Bytes> = None;
+        if has_data {
+            if let Some(mem) = inf.mem.take() {
+                let pooled = self.pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, &mem));
+                inf.mem = Some(mem);
+                if !pooled {
+                    let mem = inf.mem.take().ok_or("chunk memory vanished")?;
+                    let len = mem.len().saturating_sub(inf.base);
+                    match MemoryRegion::into_bytes(mem, inf.base, len) {
+                        Ok(b) => lent = Some(b),
+                        Err(Ok(mem)) => inf.mem = Some(mem),
+                        Err(Err(e)) => return Err(format!("deregistering chunk memory: {e}")),
+                    }
+                }
+            }
+        }
+        let counters = &self.counters;
         let copy = |at: usize, n: u32| -> Result<Bytes, String> {
+            let n = n as usize;
+            if let Some(b) = &lent {
+                if at.checked_add(n).is_none_or(|end| end > b.len()) {
+                    return Err(format!("reply data {at}+{n} outside the chunk memory"));
+                }
+                counters.bytes_lent.fetch_add(n as u64, Ordering::Relaxed);
+                return Ok(b.slice(at..at + n));
+            }
             let mem = inf.mem.as_ref().ok_or("reply data without chunk memory")?;
-            mem.to_vec(inf.base + at, n as usize)
+            counters.bytes_copied.fetch_add(n as u64, Ordering::Relaxed);
+            mem.to_vec(inf.base + at, n)
                 .map(Bytes::from)
                 .map_err(|e| format!("chunk memory: {e}"))
         };

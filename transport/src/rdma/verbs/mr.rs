@@ -6,6 +6,8 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+
 use rdma_sys::{
     ibv_access_flags, ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_mr, ibv_pd, ibv_reg_mr,
 };
@@ -399,11 +401,106 @@ impl MemoryRegion {
         Ok(())
     }
 
-    /// Copies `offset..offset + len` into a new vector.
+    /// Copies `offset..offset + len` into a new vector (one pass over the
+    /// bytes: the vector is not zeroed first).
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; len];
-        self.read_at(offset, &mut v)?;
+        check_range(offset, len, self.len)?;
+        let mut v = Vec::with_capacity(len);
+        let _g = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the range was checked against the buffer and `v` has room
+        // for `len` bytes; the two allocations are distinct. After the copy
+        // the first `len` bytes of `v` are initialised, so `set_len` is
+        // sound. See `write_at` for the device side.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.buf.ptr.as_ptr().add(offset), v.as_mut_ptr(), len);
+            v.set_len(len);
+        }
         Ok(v)
+    }
+
+    /// Deregisters the region and hands its buffer over as [`Bytes`]
+    /// (`offset..offset + len` of it), without copying.
+    ///
+    /// Only a region no one else holds can be given up this way: with
+    /// other references (a memory window bound to it holds one) the region
+    /// comes back in `Err(Ok(region))`. Deregistration is the proof that
+    /// the device is done with the memory: a region with a window still
+    /// bound to it cannot be deregistered, and once `ibv_dereg_mr`
+    /// succeeded no peer and no work request can reach the buffer. When it
+    /// fails the buffer is leaked (see `Drop`) and the error is returned in
+    /// `Err(Err(_))`.
+    pub fn into_bytes(
+        this: Arc<Self>,
+        offset: usize,
+        len: usize,
+    ) -> std::result::Result<Bytes, std::result::Result<Arc<Self>, VerbsError>> {
+        if let Err(e) = check_range(offset, len, this.len) {
+            return Err(Err(e));
+        }
+        let region = Arc::try_unwrap(this).map_err(Ok)?;
+        // Take the buffer out without running `Drop` (which would
+        // deregister again and free it).
+        let region = std::mem::ManuallyDrop::new(region);
+        // SAFETY: `region` is never used or dropped again after these
+        // reads, so each field is moved out exactly once.
+        let (mr, buf, pd) = unsafe {
+            (
+                region.mr,
+                std::ptr::read(&region.buf),
+                std::ptr::read(&region.pd),
+            )
+        };
+        // SAFETY: the region was registered in `new` and is deregistered
+        // once, here; nothing else holds it (the Arc was unique).
+        let rc = unsafe { ibv_dereg_mr(mr.as_ptr()) };
+        drop(pd);
+        if rc != 0 {
+            // The device may still reach the buffer: leak it (`Buffer`
+            // has no `Drop`; the memory is simply never freed).
+            let _ = buf;
+            return Err(Err(VerbsError::Call {
+                call: "ibv_dereg_mr",
+                source: std::io::Error::from_raw_os_error(rc),
+            }));
+        }
+        Ok(Bytes::from_owner(Unregistered {
+            buf,
+            len: offset + len,
+        })
+        .slice(offset..))
+    }
+}
+
+/// A region's buffer after deregistration: plain memory, owned, never
+/// written again; freed when the last `Bytes` over it is dropped.
+struct Unregistered {
+    buf: Buffer,
+    len: usize,
+}
+
+// SAFETY: the buffer is owned exclusively and only read after
+// construction; no device can reach it (deregistered).
+unsafe impl Send for Unregistered {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for Unregistered {}
+
+impl AsRef<[u8]> for Unregistered {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` is within the allocation (checked against the
+        // region's length in `into_bytes`, and the allocation is at least
+        // that long); the memory was zero-initialised at allocation, so
+        // every byte is initialised; after deregistration nothing writes
+        // it (no rkey or lkey reaches it, and we hand out only shared
+        // references).
+        unsafe { std::slice::from_raw_parts(self.buf.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Unregistered {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `Buffer::new`; the region
+        // was deregistered, so the device no longer accesses it.
+        unsafe { alloc::dealloc(self.buf.ptr.as_ptr(), self.buf.layout) };
     }
 }
 
