@@ -132,6 +132,14 @@ pub struct RdmaConfig {
     pub chunk_buffers: usize,
     /// How connection threads wait for completions.
     pub poll: PollMode,
+    /// One reply Send in this many asks for a completion (1: every one).
+    /// The unsignaled ones are reaped with the next signaled one, whose
+    /// completion means they completed too (a queue pair completes its
+    /// work requests in order). A Send is signaled anyway when it uses a
+    /// chunk buffer, when send slots run low, or when the unreaped work
+    /// requests would fill half the send queue, so that resources always
+    /// come back.
+    pub signal_every: u32,
 }
 
 impl Default for RdmaConfig {
@@ -143,6 +151,7 @@ impl Default for RdmaConfig {
             max_io: 1 << 20,
             chunk_buffers: 4,
             poll: PollMode::Event,
+            signal_every: 16,
         }
     }
 }
@@ -186,6 +195,9 @@ pub struct RdmaStats {
     pub sends: AtomicU64,
     /// Sends With Invalidate.
     pub sends_with_inv: AtomicU64,
+    /// Reply Sends posted without asking for a completion (reaped with a
+    /// later one; see [`RdmaConfig::signal_every`]).
+    pub unsignaled_sends: AtomicU64,
     /// RDMA_ERROR ERR_VERS sent.
     pub err_vers: AtomicU64,
     /// RDMA_ERROR ERR_CHUNK sent.
@@ -208,7 +220,7 @@ impl RdmaStats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
-             RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {}, RDMA_ERROR vers {} chunk {}, \
+             RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
              discarded {}, credits granted {}, payload bytes copied {}, connection errors {}\n",
             g(&self.connections),
             g(&self.open),
@@ -221,6 +233,7 @@ impl RdmaStats {
             g(&self.write_bytes),
             g(&self.sends),
             g(&self.sends_with_inv),
+            g(&self.unsignaled_sends),
             g(&self.err_vers),
             g(&self.err_chunk),
             g(&self.discarded),
@@ -495,6 +508,10 @@ fn accept(
         holds: HashMap::new(),
         unsignaled_writes: 0,
         send_writes: HashMap::new(),
+        covers: HashMap::new(),
+        trail: Vec::new(),
+        trail_wrs: 0,
+        signal_every: cfg.signal_every.max(1) as usize,
         slot_size: ours as usize,
         chunk_size: cfg.chunk_size(),
         free_send: (0..send_slots).collect(),
@@ -613,8 +630,18 @@ struct Conn {
     holds: HashMap<usize, Vec<Payload>>,
     /// Unsignaled RDMA Writes posted since the last Send.
     unsignaled_writes: usize,
-    /// Per send slot: the unsignaled Writes its Send's completion covers.
+    /// Per signaled send slot: the unsignaled work requests (Writes and
+    /// Sends) its completion covers besides its own.
     send_writes: HashMap<usize, usize>,
+    /// Per signaled send slot: the slots of unsignaled Sends before it,
+    /// freed with it.
+    covers: HashMap<usize, Vec<usize>>,
+    /// Slots of unsignaled Sends since the last signaled one.
+    trail: Vec<usize>,
+    /// Unsignaled Sends' work requests (with their Writes) since the last
+    /// signaled Send.
+    trail_wrs: usize,
+    signal_every: usize,
     slot_size: usize,
     chunk_size: usize,
     free_send: Vec<usize>,
@@ -700,15 +727,20 @@ impl Conn {
             k if k == Kind::Send as u64 => {
                 let slot = (v & 0xffff_ffff) as usize;
                 self.sq_free += 1 + self.send_writes.remove(&slot).unwrap_or(0);
+                for s in self.covers.remove(&slot).unwrap_or_default() {
+                    self.holds.remove(&s);
+                    self.free_send.push(s);
+                }
                 self.holds.remove(&slot);
-                self.free_send.push((v & 0xffff_ffff) as usize);
+                self.free_send.push(slot);
                 let chunk = (v >> 32) as usize;
                 if chunk != 0xffff {
                     self.free_chunks.push(chunk);
                 }
             }
             k if k == Kind::Write as u64 => {
-                self.sq_free += 1;
+                // Its own entry and those of the unsignaled ones it covers.
+                self.sq_free += 1 + v as usize;
             }
             k if k == Kind::Read as u64 => {
                 self.sq_free += 1;
@@ -1027,6 +1059,18 @@ impl Conn {
             }
             holds.push(w.data.clone());
         }
+        // A chunk buffer nothing was copied into is free again at once
+        // (the common case: READ data lives in arena blocks), so that the
+        // reply's Send need not be signaled to give it back.
+        let copied =
+            matches!((chunk, chunk_at), (Some(c), Some((at, _))) if at != c * self.chunk_size);
+        let chunk = match chunk {
+            Some(c) if !copied => {
+                self.free_chunks.push(c);
+                None
+            }
+            c => c,
+        };
         match plan.shape {
             ReplyShape::Inline => self.stats.inline_replies.fetch_add(1, Ordering::Relaxed),
             ReplyShape::ReplyChunk => self
@@ -1057,8 +1101,17 @@ impl Conn {
         while self.sq_free < 2 {
             self.wait_some()?;
         }
+        // With the send queue running low, this Write asks for a
+        // completion that gives back the entries of the unsignaled work
+        // requests before it too (nothing else may be signaled).
+        let signaled = self.sq_free <= self.sq_depth / 4;
+        let covers = if signaled {
+            std::mem::take(&mut self.unsignaled_writes) + std::mem::take(&mut self.trail_wrs)
+        } else {
+            0
+        };
         self.qp.post_send(&[SendWr {
-            wr_id: wr(Kind::Write, 0),
+            wr_id: wr(Kind::Write, covers as u64),
             op: SendOp::RdmaWrite {
                 sges,
                 remote: RemoteBuf {
@@ -1067,13 +1120,19 @@ impl Conn {
                     rkey,
                 },
             },
-            // Unsignaled: the Send that follows completes only after it,
-            // and its completion gives this entry back (fewer completions
-            // to wake up for).
-            flags: SendFlags::UNSIGNALED,
+            // Otherwise unsignaled: the Send that follows completes only
+            // after it, and its completion gives this entry back (fewer
+            // completions to wake up for).
+            flags: if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::UNSIGNALED
+            },
         }])?;
         self.sq_free -= 1;
-        self.unsignaled_writes += 1;
+        if !signaled {
+            self.unsignaled_writes += 1;
+        }
         self.stats
             .write_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
@@ -1177,10 +1236,22 @@ impl Conn {
                 flags: SendFlags::UNSIGNALED,
             });
         }
+        // Unsignaled only while everything it holds comes back with a
+        // later signaled Send: no chunk buffer (few), enough free send
+        // slots and send queue entries to reach the next signaled one.
+        let unreaped = self.trail_wrs + self.unsignaled_writes + posting + 1;
+        let signaled = self.trail.len() + 1 >= self.signal_every
+            || chunk.is_some()
+            || self.free_send.len() < self.signal_every
+            || unreaped > self.sq_depth / 2;
         wrs.push(SendWr {
             wr_id: wr(Kind::Send, send_val(slot, chunk)),
             op,
-            flags: SendFlags::SIGNALED,
+            flags: if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::UNSIGNALED
+            },
         });
         self.qp.post_send(&wrs)?;
         self.sq_free -= posting + 1;
@@ -1189,9 +1260,20 @@ impl Conn {
         self.stats
             .write_bytes
             .fetch_add(written as u64, Ordering::Relaxed);
-        let covered = std::mem::take(&mut self.unsignaled_writes);
-        if covered > 0 {
-            self.send_writes.insert(slot, covered);
+        if signaled {
+            let covered =
+                std::mem::take(&mut self.unsignaled_writes) + std::mem::take(&mut self.trail_wrs);
+            if covered > 0 {
+                self.send_writes.insert(slot, covered);
+            }
+            let trail = std::mem::take(&mut self.trail);
+            if !trail.is_empty() {
+                self.covers.insert(slot, trail);
+            }
+        } else {
+            self.trail_wrs += std::mem::take(&mut self.unsignaled_writes) + 1;
+            self.trail.push(slot);
+            self.stats.unsignaled_sends.fetch_add(1, Ordering::Relaxed);
         }
         self.stats
             .credits_granted

@@ -52,6 +52,11 @@ struct Args {
     /// adaptive or adaptive:<microseconds> [default: event].
     #[arg(long, value_name = "MODE")]
     poll: Option<String>,
+    /// RDMA: ask for a completion on one reply Send in N (1..=64); the
+    /// others are reaped with it, which spares a wake-up per reply
+    /// [default: 16].
+    #[arg(long, value_name = "N")]
+    signal_every: Option<u32>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
@@ -83,6 +88,7 @@ struct Config {
     credits: Option<u32>,
     inline: Option<String>,
     poll: Option<String>,
+    signal_every: Option<u32>,
     capacity: Option<String>,
     max_inodes: Option<u64>,
     workers: Option<usize>,
@@ -196,6 +202,12 @@ fn main() -> Result<()> {
     }
     if let Some(p) = args.poll.as_ref().or(cfg.poll.as_ref()) {
         rdma.poll = p.parse().context("--poll")?;
+    }
+    if let Some(n) = args.signal_every.or(cfg.signal_every) {
+        if !(1..=64).contains(&n) {
+            bail!("--signal-every must be between 1 and 64 (got {n})");
+        }
+        rdma.signal_every = n;
     }
     // The RDMA device comes first: the stores take their blocks from its
     // registered arena.
