@@ -410,12 +410,16 @@ impl Transport for RdmaTransport {
     }
 }
 
+/// Why a connection is closed when its transport is shut down (the one
+/// reason that is not a fault).
+const SHUT_DOWN: &str = "transport shut down";
+
 impl Shared {
     fn close(&self) {
         self.closed.send_replace(true);
         if let Ok(mut c) = self.conn.try_lock() {
             if let Some(c) = c.take() {
-                c.kill("transport shut down");
+                c.kill(SHUT_DOWN);
             }
         }
     }
@@ -453,7 +457,7 @@ impl Shared {
                     Ok(c) if *self.closed.borrow() => {
                         // Shut down while connecting: `close` could not
                         // reach this connection.
-                        c.kill("transport shut down");
+                        c.kill(SHUT_DOWN);
                         return Err(ClientError::Shutdown);
                     }
                     Ok(c) => {
@@ -886,7 +890,12 @@ impl Conn {
         if self.dead.swap(true, Ordering::AcqRel) {
             return;
         }
-        tracing::warn!(conn = self.id, reason, "dropping the RDMA connection");
+        if reason == SHUT_DOWN {
+            // Asked for: nothing went wrong.
+            tracing::debug!(conn = self.id, reason, "closing the RDMA connection");
+        } else {
+            tracing::warn!(conn = self.id, reason, "dropping the RDMA connection");
+        }
         for inf in st.slots.iter_mut().flatten() {
             if let Some(w) = inf.waiter.take() {
                 let _ = w.send(Outcome::Lost);
