@@ -161,7 +161,8 @@ impl Server {
                 addr: SocketAddr::new(rdma_ip(), 0),
                 credits: CREDITS,
                 inline_size: INLINE as u32,
-                max_io: 64 << 10,
+                // Room for case 21's 1 MiB Read chunk.
+                max_io: 1 << 20,
                 chunk_buffers: 2,
                 ..RdmaConfig::default()
             },
@@ -249,12 +250,19 @@ fn null_call(xid: u32) -> Vec<u8> {
 /// A WRITE call of `FILE_LEN` bytes at offset 0, reduced: the inline part
 /// ends with the data's length word; returns it and the data's position.
 fn reduced_write_call(xid: u32, file: &NfsFh3) -> (Vec<u8>, u32) {
+    reduced_write_call_of(xid, file, FILE_LEN)
+}
+
+/// A FILE_SYNC WRITE of `len` bytes (a multiple of four) at offset 0,
+/// reduced: the data left out for a Read chunk at the returned position.
+fn reduced_write_call_of(xid: u32, file: &NfsFh3, len: usize) -> (Vec<u8>, u32) {
+    assert_eq!(len % 4, 0);
     let args = Write3Args {
         file: file.clone(),
         offset: 0,
-        count: FILE_LEN as u32,
+        count: len as u32,
         stable: StableHow::FileSync,
-        data: Data::new(vec![0u8; FILE_LEN]),
+        data: Data::new(vec![0u8; len]),
     };
     let mut full = rpc_call(
         xid,
@@ -263,8 +271,8 @@ fn reduced_write_call(xid: u32, file: &NfsFh3) -> (Vec<u8>, u32) {
         NfsProc3::Write as u32,
         &args.to_bytes(),
     );
-    // FILE_LEN is a multiple of four: no XDR padding to take off.
-    full.truncate(full.len() - FILE_LEN);
+    // A multiple of four: no XDR padding to take off.
+    full.truncate(full.len() - len);
     let pos = full.len() as u32;
     (full, pos)
 }
@@ -544,6 +552,19 @@ impl Peer {
                 assert_eq!(ok.obj_attributes.type_, Ftype3::Dir)
             }
             other => panic!("GETATTR of the root: {other:?}"),
+        }
+    }
+
+    /// The size of a file, by GETATTR inline.
+    fn file_size(&mut self, fh: &NfsFh3) -> u64 {
+        let xid = self.xid();
+        let args = Getattr3Args { object: fh.clone() }.to_bytes();
+        let call = rpc_call(xid, NFS_PROGRAM, 3, NfsProc3::Getattr as u32, &args);
+        self.send(&rdma_msg(xid, no_chunks(), &call));
+        let mut d = self.rpc_reply(xid);
+        match Nfs3Res::decode(NfsProc3::Getattr, &mut d).expect("GETATTR result") {
+            Nfs3Res::Getattr(NfsResult::Ok(ok)) => ok.obj_attributes.size,
+            other => panic!("GETATTR: {other:?}"),
         }
     }
 
@@ -1030,6 +1051,140 @@ fn case_rpc_xid_mismatch(srv: &Server, good: &mut Peer) -> Counts {
     }
 }
 
+/// 18: a Read list whose segments go back in position (the WRITE data's
+/// position, then four bytes before it) -> ERR_CHUNK.
+fn case_read_chunks_out_of_order(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let (inline, pos) = reduced_write_call(xid, &srv.file);
+    let lists = ChunkLists {
+        read_list: List(vec![
+            read_seg(&p, pos, (FILE_LEN / 2) as u32),
+            read_seg(&p, pos - 4, (FILE_LEN / 2) as u32),
+        ]),
+        ..no_chunks()
+    };
+    let m = rdma_msg(xid, lists, &inline);
+    p.expect_err_chunk(&m, xid, good, srv);
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 19: a Write chunk that claims 10,000 segments in a 4 KiB message (200
+/// of them present, then the message ends) -> ERR_CHUNK, no RDMA Write.
+fn case_write_chunk_of_10000_segments(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let xid = p.xid();
+    let r = p.data.remote(0, FILE_LEN).unwrap();
+    // xid, vers, credits, RDMA_MSG, no Read list, a Write list entry of
+    // 10,000 segments.
+    let mut w = vec![xid, 1, CREDITS, 0, 0, 1, 10_000];
+    for i in 0..200u64 {
+        let at = r.addr + i * 16;
+        w.extend([r.rkey, 16, (at >> 32) as u32, at as u32]);
+    }
+    let m = words(&w);
+    assert!(m.len() <= INLINE, "{} bytes", m.len());
+    p.data.fill(0, FILE_LEN, 0).unwrap();
+    p.expect_err_chunk(&m, xid, good, srv);
+    assert!(
+        p.data.to_vec(0, FILE_LEN).unwrap().iter().all(|b| *b == 0),
+        "the server wrote into the segments of a call it refused"
+    );
+    Counts {
+        err_chunk: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 20: a READ whose Write chunk has our real rkey but an offset just past
+/// the registered memory: the server's RDMA Write fails and it drops that
+/// connection.
+fn case_write_chunk_outside_the_registration(srv: &Server, good: &mut Peer) -> Counts {
+    let mut p = Peer::connect(srv);
+    let r = p.data.remote(0, FILE_LEN).unwrap();
+    p.send_read(&srv.file, r.rkey, r.addr + FILE_LEN as u64);
+    check_good(good, srv);
+    let failed = p.expect_dropped();
+    println!("case 20: disconnected; {}", summary(&failed));
+    Counts {
+        errors: 1,
+        ..ONE_CONN
+    }
+}
+
+/// 21: a 1 MiB WRITE whose Read chunk the server starts to read, and the
+/// peer disconnects and destroys its queue pair as soon as its Send is
+/// acknowledged: the server gives the connection up (its RDMA Read fails
+/// or is flushed), stays up, and the WRITE is not executed in part: the
+/// file keeps its size, or (should the read have won the race) takes the
+/// whole WRITE.
+fn case_disconnect_during_rdma_read(srv: &Server, good: &mut Peer) -> Counts {
+    const BIG: usize = 1 << 20;
+    let open = srv.open();
+    let before = srv.counts();
+    let size_before = good.file_size(&srv.file);
+    let mut p = Peer::connect(srv);
+    // The server's connection thread has started (and counts itself open):
+    // whatever it does with the connection happens after this.
+    assert!(
+        wait_until(|| srv.open() == open + 1),
+        "the server never counted the connection open"
+    );
+    let big = MemoryRegion::new(p.data.pd(), BIG, Access::REMOTE).expect("mr");
+    // The file's own bytes first, so that later cases see them either way.
+    big.write_at(0, &srv.file_data).unwrap();
+    let r = big.remote(0, BIG).unwrap();
+    let xid = p.xid();
+    let (inline, position) = reduced_write_call_of(xid, &srv.file, BIG);
+    let lists = ChunkLists {
+        read_list: List(vec![ReadSegment {
+            position,
+            target: RdmaSegment {
+                handle: r.rkey,
+                length: BIG as u32,
+                offset: r.addr,
+            },
+        }]),
+        ..no_chunks()
+    };
+    p.send(&rdma_msg(xid, lists, &inline));
+    let deadline = Instant::now() + T;
+    while p.sends_out > 0 {
+        p.poll();
+        assert!(!p.dropped(), "dropped before the call went out");
+        assert!(Instant::now() < deadline, "the call's Send never completed");
+    }
+    p.id.disconnect().expect("disconnect");
+    drop(p);
+    drop(big);
+    check_good(good, srv);
+    assert!(
+        wait_until(|| srv.open() == open),
+        "the server kept the connection: open {} (was {open})",
+        srv.open()
+    );
+    let size_after = good.file_size(&srv.file);
+    assert!(
+        size_after == size_before || size_after == BIG as u64,
+        "file size {size_after}: neither the old {size_before} nor the whole WRITE"
+    );
+    let errors = srv.counts().errors - before.errors;
+    println!(
+        "case 21: connection released ({errors} counted as an error); file size {size_after} \
+         ({})",
+        if size_after == size_before {
+            "WRITE not executed"
+        } else {
+            "the read completed first: WRITE executed whole"
+        }
+    );
+    assert!(errors <= 1);
+    Counts { errors, ..ONE_CONN }
+}
+
 const CASES: &[(&str, Case)] = &[
     ("wrong_rdma_vers", case_wrong_rdma_vers),
     ("unknown_proc", case_unknown_proc),
@@ -1057,6 +1212,19 @@ const CASES: &[(&str, Case)] = &[
     ("rdma_done", case_rdma_done),
     ("idle_peer", case_idle_peer),
     ("rpc_xid_mismatch", case_rpc_xid_mismatch),
+    ("read_chunks_out_of_order", case_read_chunks_out_of_order),
+    (
+        "write_chunk_of_10000_segments",
+        case_write_chunk_of_10000_segments,
+    ),
+    (
+        "write_chunk_outside_the_registration",
+        case_write_chunk_outside_the_registration,
+    ),
+    (
+        "disconnect_during_rdma_read",
+        case_disconnect_during_rdma_read,
+    ),
 ];
 
 /// Runs one case with the well-behaved client checked before, during (by
@@ -1137,6 +1305,10 @@ case_tests!(
     rdma_done,
     idle_peer,
     rpc_xid_mismatch,
+    read_chunks_out_of_order,
+    write_chunk_of_10000_segments,
+    write_chunk_outside_the_registration,
+    disconnect_during_rdma_read,
 );
 
 fn every_case_against_one_server() {
@@ -1147,14 +1319,15 @@ fn every_case_against_one_server() {
         total = total + run_case(&srv, &mut good, name, *case);
     }
     assert_eq!(srv.counts(), total, "{}", srv.stats.report());
-    // The fixed cases: 17 rogue connections, ERR_VERS once, ERR_CHUNK
-    // nine times, six silent discards (plus any case 12 chose), three
-    // connections ended by errors (plus one if case 12 was dropped).
+    // The fixed cases: 21 rogue connections, ERR_VERS once, ERR_CHUNK
+    // eleven times, six silent discards (plus any case 12 chose), four
+    // connections ended by errors (plus one if case 12 was dropped, and
+    // one if case 21's disconnect counted as one).
     assert_eq!(total.connections, 1 + CASES.len() as u64);
     assert_eq!(total.err_vers, 1);
-    assert_eq!(total.err_chunk, 9);
+    assert_eq!(total.err_chunk, 11);
     assert!(total.discarded >= 6);
-    assert!((3..=4).contains(&total.errors));
+    assert!((4..=6).contains(&total.errors));
     // The server never registered memory a peer could reach.
     assert!(
         srv.device.arena_bytes() > 0,
