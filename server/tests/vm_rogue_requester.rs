@@ -644,6 +644,19 @@ fn check_good(good: &mut Peer, srv: &Server) {
     good.getattr_root(srv);
 }
 
+/// The rogue connection has just sent a call the server cannot carry out
+/// (its RDMA operation fails): the good client is served meanwhile, the
+/// server drops the rogue connection, and the case counts one error.
+fn expect_dropped_case(p: &mut Peer, good: &mut Peer, srv: &Server, case: u32) -> Counts {
+    check_good(good, srv);
+    let failed = p.expect_dropped();
+    println!("case {case}: disconnected; {}", summary(&failed));
+    Counts {
+        errors: 1,
+        ..ONE_CONN
+    }
+}
+
 // ---- the cases ---------------------------------------------------------------
 //
 // Each case uses its own rogue connection, checks what it observes, drops
@@ -864,13 +877,7 @@ fn case_unregistered_write_chunk_rkey(srv: &Server, good: &mut Peer) -> Counts {
     }
 
     p.send_read(&srv.file, BOGUS_RKEY, r.addr);
-    check_good(good, srv);
-    let failed = p.expect_dropped();
-    println!("case 10: disconnected; {}", summary(&failed));
-    Counts {
-        errors: 1,
-        ..ONE_CONN
-    }
+    expect_dropped_case(&mut p, good, srv, 10)
 }
 
 /// 11: a WRITE whose Read chunk names a bogus rkey: the server's RDMA Read
@@ -889,13 +896,7 @@ fn case_bogus_read_chunk_rkey(srv: &Server, good: &mut Peer) -> Counts {
     }
 
     p.send_write(&srv.file, BOGUS_RKEY, r.addr);
-    check_good(good, srv);
-    let failed = p.expect_dropped();
-    println!("case 11: disconnected; {}", summary(&failed));
-    Counts {
-        errors: 1,
-        ..ONE_CONN
-    }
+    expect_dropped_case(&mut p, good, srv, 11)
 }
 
 /// 12: credits + 4 NULL calls back to back. RFC 8166 §3.3.1 makes
@@ -969,13 +970,7 @@ fn case_oversized_inline_send(srv: &Server, good: &mut Peer) -> Counts {
     let mut m = rdma_msg(xid, no_chunks(), &null_call(xid));
     m.resize(2 * INLINE, 0);
     p.send(&m);
-    check_good(good, srv);
-    let failed = p.expect_dropped();
-    println!("case 13: disconnected; {}", summary(&failed));
-    Counts {
-        errors: 1,
-        ..ONE_CONN
-    }
+    expect_dropped_case(&mut p, good, srv, 13)
 }
 
 /// 14: RDMA_ERROR sent by a requester (ERR_VERS, 28 bytes; ERR_CHUNK
@@ -1106,13 +1101,7 @@ fn case_write_chunk_outside_the_registration(srv: &Server, good: &mut Peer) -> C
     let mut p = Peer::connect(srv);
     let r = p.data.remote(0, FILE_LEN).unwrap();
     p.send_read(&srv.file, r.rkey, r.addr + FILE_LEN as u64);
-    check_good(good, srv);
-    let failed = p.expect_dropped();
-    println!("case 20: disconnected; {}", summary(&failed));
-    Counts {
-        errors: 1,
-        ..ONE_CONN
-    }
+    expect_dropped_case(&mut p, good, srv, 20)
 }
 
 /// 21: a 1 MiB WRITE whose Read chunk the server starts to read, and the

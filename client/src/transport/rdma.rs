@@ -1390,19 +1390,16 @@ impl Conn {
         // pool is never lent out: other calls' windows are bound over it,
         // and on Soft-RoCE a window's rkey reaches the rest of its region.
         let mut lent: Option<Bytes> = None;
-        if has_data {
-            if let Some(mem) = inf.mem.take() {
-                let pooled = self.pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, &mem));
-                inf.mem = Some(mem);
-                if !pooled {
-                    let mem = inf.mem.take().ok_or("chunk memory vanished")?;
-                    let len = mem.len().saturating_sub(inf.base);
-                    match MemoryRegion::into_bytes(mem, inf.base, len) {
-                        Ok(b) => lent = Some(b),
-                        Err(Ok(mem)) => inf.mem = Some(mem),
-                        Err(Err(e)) => return Err(format!("deregistering chunk memory: {e}")),
-                    }
-                }
+        let pool = self.pool.as_ref();
+        let per_rpc = inf
+            .mem
+            .take_if(|m| has_data && !pool.is_some_and(|p| Arc::ptr_eq(p, m)));
+        if let Some(mem) = per_rpc {
+            let len = mem.len().saturating_sub(inf.base);
+            match MemoryRegion::into_bytes(mem, inf.base, len) {
+                Ok(b) => lent = Some(b),
+                Err(Ok(mem)) => inf.mem = Some(mem),
+                Err(Err(e)) => return Err(format!("deregistering chunk memory: {e}")),
             }
         }
         let counters = &self.counters;
