@@ -35,7 +35,9 @@ pub enum RegStrategy {
 /// Completion polling mode of the RDMA transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PollMode {
-    /// Spin on the completion queue.
+    /// A waiting call spins on the completion queue on its own thread (no
+    /// hand-off between threads; one call at a time): lowest latency, a
+    /// core while anything is waited for.
     Busy,
     /// Sleep on completion events.
     Event,

@@ -320,6 +320,7 @@ async fn vm_rdma_poll_modes_and_concurrency() {
             .unwrap()
             .obj
             .unwrap();
+        let t0 = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..32u64 {
             let (c, fh) = (c.clone(), fh.clone());
@@ -335,8 +336,23 @@ async fn vm_rdma_poll_modes_and_concurrency() {
         while let Some(r) = tasks.join_next().await {
             r.unwrap();
         }
+        // A QD1 run: a waiting call finds its reply with nothing else in
+        // flight.
+        for i in 0..16u64 {
+            c.write(&fh, 0, pattern(i, 4096), StableHow::FileSync)
+                .await
+                .unwrap();
+        }
         c.remove(&root, "conc").await.unwrap();
-        println!("{poll:?}: {:?}", c.transport_stats());
+        let st = c.transport_stats();
+        println!("{poll:?}: {:?}: {st:?}", t0.elapsed());
+        // Busy polling: the waiting calls poll the completion queue
+        // themselves; in the other modes only the completion thread does.
+        if poll == PollMode::Busy {
+            assert!(st.completions_by_caller > 0, "{st:?}");
+        } else {
+            assert_eq!(st.completions_by_caller, 0, "{st:?}");
+        }
         c.shutdown();
         let e = c.null().await.unwrap_err();
         assert!(matches!(e, ClientError::Shutdown), "{e}");

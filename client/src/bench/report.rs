@@ -289,6 +289,7 @@ pub fn json(r: &BenchResult) -> Value {
                     "copy_out_ns": t.copy_out_ns,
                     "reply_bytes_copied": t.reply_bytes_copied,
                     "reply_bytes_lent": t.reply_bytes_lent,
+                    "completions_by_caller": t.completions_by_caller,
                 })),
             })
         })

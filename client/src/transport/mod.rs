@@ -193,6 +193,9 @@ pub struct TransportStats {
     /// without a copy (a per-RPC region, deregistered, becomes the reply's
     /// memory).
     pub reply_bytes_lent: u64,
+    /// RDMA: work completions handled by a waiting caller on its own
+    /// thread (`busy` polling) rather than by the completion thread.
+    pub completions_by_caller: u64,
 }
 
 impl TransportStats {
@@ -217,6 +220,7 @@ impl TransportStats {
             copy_out_ns: d(self.copy_out_ns, earlier.copy_out_ns),
             reply_bytes_copied: d(self.reply_bytes_copied, earlier.reply_bytes_copied),
             reply_bytes_lent: d(self.reply_bytes_lent, earlier.reply_bytes_lent),
+            completions_by_caller: d(self.completions_by_caller, earlier.completions_by_caller),
         }
     }
 
@@ -240,6 +244,7 @@ impl TransportStats {
             copy_out_ns: self.copy_out_ns + o.copy_out_ns,
             reply_bytes_copied: self.reply_bytes_copied + o.reply_bytes_copied,
             reply_bytes_lent: self.reply_bytes_lent + o.reply_bytes_lent,
+            completions_by_caller: self.completions_by_caller + o.completions_by_caller,
         }
     }
 

@@ -17,11 +17,18 @@
 //!
 //! # Threads and buffers (per connection)
 //! - One protection domain, one completion queue for sends and receives,
-//!   one RC queue pair, and one completion thread that polls the CQ (busy,
-//!   event, or adaptive: spin 50 µs, then sleep on the completion channel)
-//!   and does everything that follows a completion: matching a reply to its
+//!   one RC queue pair, and one completion thread that polls the CQ and
+//!   does everything that follows a completion: matching a reply to its
 //!   call, invalidation, copying the reply out, completing the caller's
-//!   oneshot, releasing the slot.
+//!   oneshot, releasing the slot. How completions are waited for
+//!   ([`PollMode`]): `event` sleeps on the completion channel; `adaptive`
+//!   spins 50 µs after the last completion, then sleeps; `busy` makes a
+//!   waiting caller poll the CQ itself on its own thread (one caller at a
+//!   time, yielding to the runtime every few dozen empty polls), so that a
+//!   reply reaches its caller without a wake-up of another thread, while
+//!   the completion thread only backs the callers up (it naps while a
+//!   caller polls and sleeps on the channel otherwise). One thread polls
+//!   at a time and handles what it finds in queue order.
 //! - [`RECV_BUFFERS`] receive buffers of 4 KiB, posted before connecting
 //!   and reposted as soon as a receive is copied out; that many credits are
 //!   asked for. Credits start at 1 and follow the server's grants (zero is
@@ -145,6 +152,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const SHORT_LIVED: Duration = Duration::from_secs(5);
 /// Address and route resolution limit.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Work completions taken per poll of the completion queue.
+const POLL_BATCH: usize = 64;
+/// Busy mode: empty polls by a waiting caller between two yields to the
+/// async runtime (which lets timers and other tasks run).
+const SPINS_PER_YIELD: u32 = 64;
+/// Busy mode: how long the completion thread sleeps at a time while
+/// callers poll for themselves.
+const BACKSTOP_NAP: Duration = Duration::from_millis(1);
 
 /// Settings of an RDMA transport.
 #[derive(Debug, Clone)]
@@ -208,6 +223,7 @@ struct Counters {
     copy_out_ns: AtomicU64,
     bytes_copied: AtomicU64,
     bytes_lent: AtomicU64,
+    by_caller: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -303,6 +319,7 @@ impl RdmaTransport {
             copy_out_ns: g(&c.copy_out_ns),
             reply_bytes_copied: g(&c.bytes_copied),
             reply_bytes_lent: g(&c.bytes_lent),
+            completions_by_caller: g(&c.by_caller),
         }
     }
 
@@ -359,15 +376,24 @@ impl RdmaTransport {
                 tracing::debug!(xid, conn = conn.id, "retransmitted");
             }
             sends += 1;
+            let mut rx = rx;
+            let busy = conn.poll == PollMode::Busy;
+            let outcome = async {
+                if busy {
+                    conn.wait_busy(&mut rx).await
+                } else {
+                    (&mut rx).await.ok()
+                }
+            };
             tokio::select! {
                 biased;
-                r = rx => match r {
-                    Ok(Outcome::Reply(msg, ddp)) => {
+                r = outcome => match r {
+                    Some(Outcome::Reply(msg, ddp)) => {
                         let d = requester::reply_decoder(msg, ddp);
                         return reply_results(d, call.prog, call.vers, call.proc_);
                     }
-                    Ok(Outcome::Fatal(e)) => return Err(e),
-                    Ok(Outcome::Lost) | Err(_) => {
+                    Some(Outcome::Fatal(e)) => return Err(e),
+                    Some(Outcome::Lost) | None => {
                         tracing::debug!(xid, conn = conn.id, "connection lost while waiting");
                     }
                 },
@@ -588,7 +614,14 @@ struct Conn {
     pool: Option<Arc<MemoryRegion>>,
     windows: Vec<[MemoryWindow; 3]>,
     st: Mutex<State>,
+    /// Held by whoever polls the completion queue (so completions are
+    /// handled in queue order), with the buffer the completions land in.
+    poller: Mutex<Vec<WorkCompletion>>,
     notify: Notify,
+    /// A caller polls the completion queue itself (`busy` mode).
+    spinning: AtomicBool,
+    /// Told when that caller stops polling.
+    spinner_gone: Notify,
     dead: AtomicBool,
     cm: Arc<CmId>,
     _pd: Arc<ProtectionDomain>,
@@ -864,7 +897,10 @@ impl Conn {
                 slots: (0..slots).map(|_| None).collect(),
                 xids: HashMap::new(),
             }),
+            poller: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             notify: Notify::new(),
+            spinning: AtomicBool::new(false),
+            spinner_gone: Notify::new(),
             dead: AtomicBool::new(false),
             cm: Arc::new(cm),
             _pd: pd,
@@ -1172,44 +1208,21 @@ impl Conn {
         }
     }
 
-    /// The completion thread.
-    fn run(self: Arc<Self>) {
-        let mut wcs = Vec::with_capacity(64);
-        let mut last_work = Instant::now();
-        let spin = Duration::from_micros(50);
-        while !self.is_dead() {
-            wcs.clear();
-            if let Err(e) = self.cq.poll(&mut wcs, 64) {
-                self.kill(&format!("polling the completion queue: {e}"));
-                break;
-            }
-            if wcs.is_empty() {
-                let sleep = match self.poll {
-                    PollMode::Busy => false,
-                    PollMode::Event => true,
-                    PollMode::Adaptive => last_work.elapsed() >= spin,
-                };
-                let Some(ch) = self.channel.as_ref().filter(|_| sleep) else {
-                    std::hint::spin_loop();
-                    continue;
-                };
-                let armed = self
-                    .cq
-                    .req_notify(false)
-                    .and_then(|_| self.cq.poll(&mut wcs, 64));
-                if let Err(e) = armed {
-                    self.kill(&format!("arming the completion queue: {e}"));
-                    break;
-                }
-                if wcs.is_empty() {
-                    if let Err(e) = ch.get_event(Some(Duration::from_millis(50))) {
-                        self.kill(&format!("waiting for completions: {e}"));
-                        break;
-                    }
-                    continue;
-                }
-            }
-            last_work = Instant::now();
+    /// Polls the completion queue once and handles what it returns. The
+    /// caller holds `poller` (one poller at a time: completions are handled
+    /// in the order the queue gives them); the state is locked only when
+    /// there is something to handle, so that a caller spinning on an empty
+    /// queue does not keep others from posting. Returns how many were
+    /// handled, or `None` when polling failed (the connection is then
+    /// dead).
+    fn poll_once(&self, wcs: &mut Vec<WorkCompletion>) -> Option<usize> {
+        wcs.clear();
+        if let Err(e) = self.cq.poll(wcs, POLL_BATCH) {
+            self.kill(&format!("polling the completion queue: {e}"));
+            return None;
+        }
+        let n = wcs.len();
+        if n > 0 {
             let mut st = lock(&self.st);
             for wc in wcs.drain(..) {
                 if self.is_dead() {
@@ -1218,6 +1231,118 @@ impl Conn {
                 if let Err(reason) = self.completion(&mut st, &wc) {
                     self.kill_locked(&mut st, &reason);
                 }
+            }
+        }
+        Some(n)
+    }
+
+    /// One poll by a waiting caller (`busy` mode). False when nothing was
+    /// handled (the queue was empty, or another thread is polling).
+    fn poll_inline(&self) -> bool {
+        let Ok(mut wcs) = self.poller.try_lock() else {
+            return false;
+        };
+        let n = self.poll_once(&mut wcs).unwrap_or(0);
+        self.counters
+            .by_caller
+            .fetch_add(n as u64, Ordering::Relaxed);
+        n > 0
+    }
+
+    /// Busy mode: waits for the outcome by polling the completion queue on
+    /// the caller's own thread, so the reply needs no hand-off between
+    /// threads. One caller polls at a time (the others' replies reach them
+    /// through their oneshots, and one of them takes over when it leaves):
+    /// more spinning threads would only take CPU from everything else.
+    /// `None` when the outcome's sender is gone.
+    async fn wait_busy(&self, rx: &mut oneshot::Receiver<Outcome>) -> Option<Outcome> {
+        struct Spinning<'a>(&'a Conn);
+        impl Drop for Spinning<'_> {
+            fn drop(&mut self) {
+                self.0.spinning.store(false, Ordering::Release);
+                self.0.spinner_gone.notify_one();
+            }
+        }
+        loop {
+            if self
+                .spinning
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // Another caller polls; `notify_one` keeps a permit, so
+                // leaving between the check and here is not missed.
+                tokio::select! {
+                    biased;
+                    r = &mut *rx => return r.ok(),
+                    _ = self.spinner_gone.notified() => continue,
+                }
+            }
+            let _spinning = Spinning(self);
+            let mut idle = 0u32;
+            loop {
+                match rx.try_recv() {
+                    Ok(o) => return Some(o),
+                    Err(oneshot::error::TryRecvError::Closed) => return None,
+                    Err(oneshot::error::TryRecvError::Empty) => {}
+                }
+                if self.poll_inline() {
+                    continue;
+                }
+                idle += 1;
+                if idle.is_multiple_of(SPINS_PER_YIELD) {
+                    tokio::task::yield_now().await;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// The completion thread. In `busy` mode it is the backstop for
+    /// completions no caller is waiting for (it naps while a caller polls
+    /// and sleeps on the completion channel otherwise); in
+    /// `event` mode it sleeps on the channel whenever the queue is empty;
+    /// in `adaptive` mode it spins 50 µs after the last completion first.
+    fn run(self: Arc<Self>) {
+        let mut last_work = Instant::now();
+        let spin = Duration::from_micros(50);
+        while !self.is_dead() {
+            let Some(n) = self.poll_once(&mut lock(&self.poller)) else {
+                break;
+            };
+            if n > 0 {
+                last_work = Instant::now();
+                continue;
+            }
+            let sleep = match self.poll {
+                PollMode::Busy => {
+                    if self.spinning.load(Ordering::Acquire) {
+                        std::thread::park_timeout(BACKSTOP_NAP);
+                        continue;
+                    }
+                    true
+                }
+                PollMode::Event => true,
+                PollMode::Adaptive => last_work.elapsed() >= spin,
+            };
+            let Some(ch) = self.channel.as_ref().filter(|_| sleep) else {
+                std::hint::spin_loop();
+                continue;
+            };
+            if let Err(e) = self.cq.req_notify(false) {
+                self.kill(&format!("arming the completion queue: {e}"));
+                break;
+            }
+            let Some(n) = self.poll_once(&mut lock(&self.poller)) else {
+                break;
+            };
+            if n > 0 {
+                last_work = Instant::now();
+                continue;
+            }
+            if let Err(e) = ch.get_event(Some(Duration::from_millis(50))) {
+                self.kill(&format!("waiting for completions: {e}"));
+                break;
             }
         }
         tracing::debug!(conn = self.id, "completion thread ends");
