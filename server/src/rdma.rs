@@ -168,6 +168,21 @@ impl RdmaConfig {
     fn chunk_size(&self) -> usize {
         self.max_io as usize + 64 * 1024
     }
+
+    /// The `signal_every` that suits a polling mode when none is asked
+    /// for: 1 with adaptive polling, 16 otherwise. An adaptive thread
+    /// spins for a while after its last completion; with every reply Send
+    /// signaled, that time counts from when the reply went out (its data
+    /// Writes included) rather than from when the call arrived, so a
+    /// client that sends its next call soon after a large reply still
+    /// finds the thread awake. In event and busy mode a completion per
+    /// reply would only cost a wake-up or a poll.
+    pub fn default_signal_every(poll: PollMode) -> u32 {
+        match poll {
+            PollMode::Adaptive { .. } => 1,
+            PollMode::Busy | PollMode::Event => 16,
+        }
+    }
 }
 
 /// Counters of the RDMA transport (totals over all connections).
@@ -1294,4 +1309,24 @@ fn write_offset(inline: &Bytes) -> Option<u64> {
     }
     NfsFh3::decode(&mut d).ok()?;
     d.u64("offset").ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_polling_signals_every_reply_by_default() {
+        assert_eq!(RdmaConfig::default_signal_every(PollMode::default()), 1);
+        assert_eq!(
+            RdmaConfig::default_signal_every("adaptive:1000".parse().unwrap()),
+            1
+        );
+        assert_eq!(RdmaConfig::default_signal_every(PollMode::Event), 16);
+        assert_eq!(RdmaConfig::default_signal_every(PollMode::Busy), 16);
+        assert_eq!(
+            RdmaConfig::default().signal_every,
+            RdmaConfig::default_signal_every(RdmaConfig::default().poll)
+        );
+    }
 }

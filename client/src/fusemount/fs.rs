@@ -52,6 +52,9 @@ use tokio::task::JoinSet;
 const COMMIT_AFTER: usize = 64 << 20;
 /// Names primed from READDIRPLUS kept at most.
 const MAX_PRIMED: usize = 200_000;
+/// How long RMDIR waits for the releases of files removed while open
+/// (see `hidden_files_released`).
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 type Res<T> = std::result::Result<T, i32>;
 
@@ -394,6 +397,32 @@ impl Shared {
         }
     }
 
+    /// After RMDIR of `name` in `dir` failed with NOTEMPTY: when the
+    /// directory holds files that were removed while open here (renamed
+    /// to hidden names, removed at their last release), waits up to
+    /// [`RELEASE_WAIT`] for those releases and returns whether they all
+    /// came, i.e. whether RMDIR is worth trying again. FUSE sends a
+    /// release after close() has returned, so `rm dir/f; rmdir dir` right
+    /// after closing `f` would otherwise fail.
+    async fn hidden_files_released(&self, dir: &NfsFh3, name: &[u8]) -> bool {
+        let Ok(ok) = self.client.lookup(dir, name).await else {
+            return false;
+        };
+        let child = ok.object;
+        let pending = || lock(&self.silly).values().any(|(d, _)| *d == child);
+        if !pending() {
+            return false;
+        }
+        let until = tokio::time::Instant::now() + RELEASE_WAIT;
+        while pending() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
     /// Before `name` in `dir` is removed or replaced: when it is a file
     /// open here, renames it to a hidden name instead (removed at its last
     /// release) so that the open file keeps working, as POSIX wants.
@@ -424,7 +453,22 @@ impl Shared {
             .await
             .map_err(err)?;
         self.update_wcc(parent, &r.fromdir_wcc);
-        lock(&self.silly).insert(ino, (dir.clone(), hidden));
+        // The last release may have come while renaming: it found no
+        // hidden name to remove then, so remove it here. Checked and
+        // recorded under the open-files lock, which `released` takes to
+        // decide it was the last.
+        let still_open = {
+            let open = lock(&self.open);
+            let still = open.contains_key(&ino);
+            if still {
+                lock(&self.silly).insert(ino, (dir.clone(), hidden.clone()));
+            }
+            still
+        };
+        if !still_open {
+            let wcc = self.client.remove(dir, &hidden).await.map_err(err)?;
+            self.update_wcc(parent, &wcc);
+        }
         Ok(true)
     }
 
@@ -921,7 +965,15 @@ impl Filesystem for NfsFs {
             let r = async {
                 let dir = s.fh(parent.0)?;
                 lock(&s.primed).remove(&(parent.0, name.to_vec()));
-                let wcc = s.client.rmdir(&dir, &name).await.map_err(err)?;
+                let wcc = match s.client.rmdir(&dir, &name).await {
+                    Err(ClientError::Nfs(_, nfsrdma_xdr::nfs3::NfsStat3::Notempty))
+                        if s.hidden_files_released(&dir, &name).await =>
+                    {
+                        s.client.rmdir(&dir, &name).await
+                    }
+                    r => r,
+                }
+                .map_err(err)?;
                 s.update_wcc(parent.0, &wcc);
                 Ok(())
             }

@@ -788,6 +788,24 @@ pub fn open_file_survives_unlink_and_replace(t: &mut dyn Target) {
     drop(f);
     assert_eq!(fs::read(m.p("r")).unwrap(), b"new");
 
+    // A directory whose only file was removed while open: RMDIR fails with
+    // ENOTEMPTY while the file stays open, and waits for its release (FUSE
+    // sends it after close() returns) when it is closed meanwhile.
+    fs::create_dir(m.p("dd")).unwrap();
+    fs::write(m.p("dd/f"), b"x").unwrap();
+    let f = File::open(m.p("dd/f")).unwrap();
+    fs::remove_file(m.p("dd/f")).unwrap();
+    assert_eq!(
+        errno_of(&fs::remove_dir(m.p("dd")).unwrap_err()),
+        libc::ENOTEMPTY
+    );
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(f);
+    });
+    fs::remove_dir(m.p("dd")).unwrap();
+    closer.join().unwrap();
+
     // No hidden names are left once everything is closed (FUSE sends
     // RELEASE after close() returns: wait for it, bounded).
     let start = Instant::now();

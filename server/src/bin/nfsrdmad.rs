@@ -54,7 +54,8 @@ struct Args {
     poll: Option<String>,
     /// RDMA: ask for a completion on one reply Send in N (1..=64); the
     /// others are reaped with it, which spares a wake-up per reply
-    /// [default: 16].
+    /// [default: 16; 1 with --poll adaptive, whose spinning then counts
+    /// from each reply's completion].
     #[arg(long, value_name = "N")]
     signal_every: Option<u32>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].
@@ -208,6 +209,8 @@ fn main() -> Result<()> {
             bail!("--signal-every must be between 1 and 64 (got {n})");
         }
         rdma.signal_every = n;
+    } else {
+        rdma.signal_every = RdmaConfig::default_signal_every(rdma.poll);
     }
     // The RDMA device comes first: the stores take their blocks from its
     // registered arena.
@@ -293,9 +296,16 @@ async fn run(
     if let Some((cfg, device)) = rdma {
         let addr = cfg.addr;
         let per_conn = cfg.memory_per_connection();
+        let (poll, signal_every) = (cfg.poll, cfg.signal_every);
         let l = RdmaListener::start(service.clone(), cfg, device)
             .with_context(|| format!("RDMA listener on {addr}"))?;
-        tracing::info!(addr = %addr, memory_per_connection = per_conn, "serving NFSv3 over RPC-over-RDMA");
+        tracing::info!(
+            addr = %addr,
+            memory_per_connection = per_conn,
+            poll = %poll,
+            signal_every,
+            "serving NFSv3 over RPC-over-RDMA"
+        );
         println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());
         rdma_listener = Some(l);
     }
