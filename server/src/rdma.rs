@@ -29,10 +29,10 @@ use crate::store::blocks::{Block, BlockMemory, BlockSource, LandingBlocks};
 use bytes::Bytes;
 use nfsrdma_transport::rdma::engine::PollMode;
 use nfsrdma_transport::rdma::verbs::{
-    Access, Arena, ArenaBlock, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionQueue,
-    ConnParam, ConnectRequest, Context, DeviceList, EventChannel, MemoryRegion, PendingRead,
-    ProtectionDomain, QpCaps, QueuePair, RecvWr, RemoteBuf, SendFlags, SendOp, SendWr, Sge,
-    VerbsError, WcOpcode, WorkCompletion,
+    Access, Arena, ArenaBlock, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionError,
+    CompletionQueue, ConnParam, ConnectRequest, Context, DeviceList, EventChannel, MemoryRegion,
+    PendingRead, ProtectionDomain, QpCaps, QueuePair, RecvWr, RemoteBuf, SendFlags, SendOp, SendWr,
+    Sge, VerbsError, WcOpcode, WorkCompletion,
 };
 use nfsrdma_transport::rpcrdma::responder::{
     self, Fault, IncomingCall, Received, ReplyShape, ResponderConfig,
@@ -549,10 +549,20 @@ fn accept(
         .spawn(move || {
             st.open.fetch_add(1, Ordering::Relaxed);
             let mut conn = conn;
-            if let Err(e) = conn.run(&s2) {
-                st.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(peer = %conn.ctx.peer, error = %e, "RDMA connection ended");
-                let _ = conn.id.disconnect();
+            match conn.run(&s2) {
+                Ok(()) => {}
+                // The peer disconnected: its queue pair's work is flushed
+                // as the connection manager reports the disconnect, which
+                // stops this thread. Not an error, unless no such report
+                // comes.
+                Err(ConnError::Flushed) if wait_for(&s2, FLUSH_GRACE) => {
+                    tracing::debug!(peer = %conn.ctx.peer, "RDMA connection closed by the peer");
+                }
+                Err(e) => {
+                    st.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(peer = %conn.ctx.peer, error = %e, "RDMA connection ended");
+                    let _ = conn.id.disconnect();
+                }
             }
             st.open.fetch_sub(1, Ordering::Relaxed);
         })
@@ -565,6 +575,22 @@ fn accept(
         stop,
         thread: Some(thread),
     })
+}
+
+/// How long a connection thread whose work was flushed waits for the
+/// connection manager's report of a disconnect before it counts an error.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits up to `limit` for `flag` to be set; returns whether it was.
+fn wait_for(flag: &AtomicBool, limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    while !flag.load(Ordering::Acquire) {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
 }
 
 /// Scatter/gather entries per RDMA Write, at most.
@@ -682,6 +708,10 @@ enum ConnError {
     Verbs(#[from] VerbsError),
     #[error("work request {0:#x} failed: {1}")]
     Completion(u64, String),
+    /// Work requests flushed before any failed: the queue pair left the
+    /// connected state, as it does when the peer disconnects.
+    #[error("work requests flushed: the queue pair is no longer connected")]
+    Flushed,
 }
 
 impl Conn {
@@ -723,6 +753,9 @@ impl Conn {
 
     fn completion(&mut self, wc: WorkCompletion) -> Result<(), ConnError> {
         if let Err(e) = wc.status {
+            if matches!(e, CompletionError::Flushed) {
+                return Err(ConnError::Flushed);
+            }
             return Err(ConnError::Completion(wc.wr_id, e.to_string()));
         }
         let v = wr_val(wc.wr_id);
