@@ -6,7 +6,7 @@
 //! ours, and sets each connection up: a completion queue, an RC queue pair,
 //! receive buffers posted before the first credit is granted, send buffers,
 //! and chunk buffers for RDMA Read and Write data. Each connection then has
-//! a thread that waits for completions (busy, event or adaptive polling)
+//! a thread that waits for completions (busy, event, adaptive or auto polling)
 //! and carries out what the protocol core in
 //! [`nfsrdma_transport::rpcrdma::responder`] decides: RDMA Reads to
 //! assemble a call, the call through the [`Service`], RDMA Writes of the
@@ -27,7 +27,7 @@
 use crate::service::{CallContext, Service};
 use crate::store::blocks::{Block, BlockMemory, BlockSource, LandingBlocks};
 use bytes::Bytes;
-use nfsrdma_transport::rdma::engine::PollMode;
+use nfsrdma_transport::rdma::engine::{PollMode, SpinTuner, AUTO_MAX_DEFAULT};
 use nfsrdma_transport::rdma::verbs::{
     Access, Arena, ArenaBlock, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionError,
     CompletionQueue, ConnParam, ConnectRequest, Context, DeviceList, EventChannel, MemoryRegion,
@@ -150,8 +150,10 @@ impl Default for RdmaConfig {
             inline_size: 4096,
             max_io: 1 << 20,
             chunk_buffers: 4,
-            poll: PollMode::Event,
-            signal_every: 16,
+            poll: PollMode::Auto {
+                max: AUTO_MAX_DEFAULT,
+            },
+            signal_every: 1,
         }
     }
 }
@@ -170,16 +172,18 @@ impl RdmaConfig {
     }
 
     /// The `signal_every` that suits a polling mode when none is asked
-    /// for: 1 with adaptive polling, 16 otherwise. An adaptive thread
+    /// for: 1 with adaptive and auto polling, 16 otherwise. Such a thread
     /// spins for a while after its last completion; with every reply Send
     /// signaled, that time counts from when the reply went out (its data
     /// Writes included) rather than from when the call arrived, so a
     /// client that sends its next call soon after a large reply still
-    /// finds the thread awake. In event and busy mode a completion per
-    /// reply would only cost a wake-up or a poll.
+    /// finds the thread awake (and `auto` learns the gap between a reply
+    /// and the next call, which is what the client controls). In event
+    /// and busy mode a completion per reply would only cost a wake-up or a
+    /// poll.
     pub fn default_signal_every(poll: PollMode) -> u32 {
         match poll {
-            PollMode::Adaptive { .. } => 1,
+            PollMode::Adaptive { .. } | PollMode::Auto { .. } => 1,
             PollMode::Busy | PollMode::Event => 16,
         }
     }
@@ -227,6 +231,12 @@ pub struct RdmaStats {
     pub errors: AtomicU64,
     /// Connections dropped by [`RdmaListener::disconnect_all`].
     pub forced_disconnects: AtomicU64,
+    /// Calls found by a connection thread that was polling (busy, or
+    /// spinning after its last completion).
+    pub polled_calls: AtomicU64,
+    /// Calls found by a connection thread that had gone to sleep on the
+    /// completion channel (each a wake-up on the call's path).
+    pub woken_calls: AtomicU64,
 }
 
 impl RdmaStats {
@@ -236,7 +246,8 @@ impl RdmaStats {
         format!(
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
-             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}\n",
+             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, \
+             calls found polling {} / after a wake-up {}\n",
             g(&self.connections),
             g(&self.open),
             g(&self.calls),
@@ -255,6 +266,8 @@ impl RdmaStats {
             g(&self.credits_granted),
             g(&self.payload_copies),
             g(&self.errors),
+            g(&self.polled_calls),
+            g(&self.woken_calls),
         )
     }
 }
@@ -718,6 +731,12 @@ impl Conn {
     fn run(&mut self, stop: &AtomicBool) -> Result<(), ConnError> {
         let mut wcs = Vec::with_capacity(64);
         let mut last_work = Instant::now();
+        let mut tuner = match self.poll {
+            PollMode::Auto { max } => Some(SpinTuner::new(max)),
+            _ => None,
+        };
+        // Whether the thread has slept since its last work.
+        let mut slept = false;
         loop {
             if stop.load(Ordering::Acquire) {
                 return Ok(());
@@ -729,6 +748,10 @@ impl Conn {
                     PollMode::Busy => false,
                     PollMode::Event => true,
                     PollMode::Adaptive { spin } => last_work.elapsed() >= spin,
+                    PollMode::Auto { .. } => {
+                        last_work.elapsed()
+                            >= tuner.as_ref().map_or(Duration::ZERO, SpinTuner::budget)
+                    }
                 };
                 if wait {
                     self.cq.req_notify(false)?;
@@ -736,6 +759,7 @@ impl Conn {
                     self.cq.poll(&mut wcs, 64)?;
                     if wcs.is_empty() {
                         self.channel.get_event(Some(Duration::from_millis(50)))?;
+                        slept = true;
                         continue;
                     }
                 } else {
@@ -743,6 +767,22 @@ impl Conn {
                     continue;
                 }
             }
+            // What the thread waits for is the next call: the time it took
+            // to come after the last work (a reply's completion, mostly)
+            // is what `auto` learns, and whether the thread was awake to
+            // see it is what the counters tell.
+            if wcs.iter().any(|wc| wr_kind(wc.wr_id) == Kind::Recv as u64) {
+                if let Some(t) = tuner.as_mut() {
+                    t.observe(last_work.elapsed());
+                }
+                let found = if slept {
+                    &self.stats.woken_calls
+                } else {
+                    &self.stats.polled_calls
+                };
+                found.fetch_add(1, Ordering::Relaxed);
+            }
+            slept = false;
             last_work = Instant::now();
             for wc in wcs.drain(..) {
                 self.completion(wc)?;
@@ -1351,6 +1391,10 @@ mod tests {
     #[test]
     fn adaptive_polling_signals_every_reply_by_default() {
         assert_eq!(RdmaConfig::default_signal_every(PollMode::default()), 1);
+        let auto = RdmaConfig::default().poll;
+        assert!(matches!(auto, PollMode::Auto { .. }), "{auto}");
+        assert_eq!(RdmaConfig::default_signal_every(auto), 1);
+        assert_eq!(RdmaConfig::default().signal_every, 1);
         assert_eq!(
             RdmaConfig::default_signal_every("adaptive:1000".parse().unwrap()),
             1

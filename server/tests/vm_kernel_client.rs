@@ -55,7 +55,8 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start() -> Daemon {
+    /// nfsrdmad on the usual ports, with `extra` flags.
+    fn start(extra: &[&str]) -> Daemon {
         let a = addr();
         let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
             .args([
@@ -67,6 +68,7 @@ impl Daemon {
                 &format!("{a}:20049"),
                 "--no-rpcbind",
             ])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -256,8 +258,10 @@ fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
     let src = PathBuf::from("/tmp/nfs-source");
     std::fs::write(&src, &src_data).unwrap();
 
-    // Our server.
-    let d = Daemon::start();
+    // Our server, with its default polling (auto) but one reply Send in
+    // 16 signaled (the default of event and busy polling), so that the
+    // reaping of unsignaled Sends is exercised too.
+    let d = Daemon::start(&["--signal-every", "16"]);
     mount_rdma("/mnt/ours");
     let ours = workload(Path::new("/mnt/ours"), &src, &src_data);
     sh("timeout 60 umount /mnt/ours");
@@ -278,8 +282,8 @@ fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
         counter(&report, "Send With Invalidate ") > 0,
         "Send With Invalidate"
     );
-    // Most reply Sends were reaped with a later signaled one (the default
-    // --signal-every 16), and nothing was lost for it (the workload checks
+    // Most reply Sends were reaped with a later signaled one
+    // (--signal-every 16), and nothing was lost for it (the workload checks
     // every byte).
     let sends = counter(&report, "B, Send ") + counter(&report, "Send With Invalidate ");
     let unsignaled = counter(&report, "(unsignaled ");
@@ -306,6 +310,53 @@ fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
     for (a, b) in ours.iter().zip(&theirs) {
         assert_eq!(a, b, "nfsrdmad and kernel nfsd disagree");
     }
+}
+
+/// (calls found polling, calls found after a wake-up) in a report.
+fn found(report: &str) -> (u64, u64) {
+    (
+        counter(report, "calls found polling "),
+        counter(report, "after a wake-up "),
+    )
+}
+
+/// The kernel client's QD1 4 KiB O_DIRECT reads and writes against
+/// nfsrdmad with `flags`; the daemon's report after them.
+fn qd1_against(flags: &[&str], ops: usize) -> String {
+    let d = Daemon::start(flags);
+    mount_rdma("/mnt/ours");
+    sh(&format!(
+        "dd if=/dev/zero of=/mnt/ours/qd1 bs=4k count={ops} oflag=direct status=none && \
+         dd if=/mnt/ours/qd1 of=/dev/null bs=4k iflag=direct status=none && \
+         timeout 60 umount /mnt/ours"
+    ));
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad {flags:?} did not exit cleanly:\n{report}");
+    report
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn auto_polling_catches_queue_depth_one_calls_awake() {
+    in_vm();
+    const OPS: usize = 1000;
+    // The default: the connection thread spins after each reply about as
+    // long as the kernel client took to send its next call, so most calls
+    // find it awake.
+    let auto = qd1_against(&[], OPS);
+    let (polled, woken) = found(&auto);
+    eprintln!("auto: {polled} calls found polling, {woken} after a wake-up");
+    assert!(polled + woken >= 2 * OPS as u64, "{auto}");
+    assert!(
+        polled > woken,
+        "auto polling slept through most calls: {auto}"
+    );
+    // Event mode sleeps as soon as the queue is empty: at queue depth 1
+    // nearly every call wakes it.
+    let event = qd1_against(&["--poll", "event"], OPS);
+    let (polled, woken) = found(&event);
+    eprintln!("event: {polled} calls found polling, {woken} after a wake-up");
+    assert!(woken > polled, "event polling did not sleep: {event}");
 }
 
 #[test]

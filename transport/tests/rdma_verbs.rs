@@ -789,6 +789,29 @@ fn engine_event_mode_sleeps_on_the_channel() {
 
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn engine_auto_mode_spins_while_traffic_flows_then_sleeps() {
+    // A ceiling far above the ping-pong's gaps: the tuner's budget follows
+    // the gaps, so the engine spins through most of them.
+    let (traffic, idle) = engine_traffic(PollMode::Auto {
+        max: Duration::from_millis(20),
+    });
+    assert!(
+        traffic.empty_polls > traffic.arms,
+        "spun before arming: {traffic:?}"
+    );
+    // Idle: the budget is a little over the recent gaps (well under 300
+    // ms), so the engine arms and sleeps in wait slices, as adaptive
+    // mode does.
+    let idle_arms = idle.arms - traffic.arms;
+    assert!((1..500).contains(&idle_arms), "{idle_arms} arms while idle");
+    assert!(
+        idle.wait_timeouts > traffic.wait_timeouts,
+        "slept through wait slices while idle: {idle:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn engine_adaptive_mode_spins_then_sleeps() {
     let spin = Duration::from_micros(100);
     let (traffic, idle) = engine_traffic(PollMode::Adaptive { spin });

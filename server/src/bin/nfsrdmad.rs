@@ -49,13 +49,16 @@ struct Args {
     #[arg(long, value_name = "SIZE")]
     inline: Option<String>,
     /// How RDMA connection threads wait for completions: busy, event,
-    /// adaptive or adaptive:<microseconds> [default: event].
+    /// adaptive[:<microseconds>] (spin that long after the last
+    /// completion, then sleep) or auto[:<microseconds>] (spin about as
+    /// long as recent calls took to come, never longer than that ceiling,
+    /// not at all when calls come further apart) [default: auto:1000].
     #[arg(long, value_name = "MODE")]
     poll: Option<String>,
     /// RDMA: ask for a completion on one reply Send in N (1..=64); the
     /// others are reaped with it, which spares a wake-up per reply
-    /// [default: 16; 1 with --poll adaptive, whose spinning then counts
-    /// from each reply's completion].
+    /// [default: 1 with --poll adaptive or auto, whose spinning then
+    /// counts from each reply's completion; 16 otherwise].
     #[arg(long, value_name = "N")]
     signal_every: Option<u32>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].

@@ -10,6 +10,9 @@
 //!   channel whenever they are empty: no idle CPU, a wake-up per burst.
 //! * [`PollMode::Adaptive`] spins for a bounded time after the last
 //!   completion, then arms and sleeps like `Event`.
+//! * [`PollMode::Auto`] is `Adaptive` with a spin time that follows the
+//!   traffic ([`SpinTuner`]): about as long as recent completions took to
+//!   come, and not at all when they come further apart than its ceiling.
 //!
 //! Arming follows the usual race-free order: arm, poll again, and only
 //! sleep if that second poll found nothing. The thread checks its stop flag
@@ -36,7 +39,17 @@ pub enum PollMode {
         /// How long to keep spinning on empty CQs before sleeping.
         spin: Duration,
     },
+    /// Spin after the last completion for as long as recent gaps between
+    /// completions suggest the next one will take (see [`SpinTuner`]), at
+    /// most `max`, then arm and block.
+    Auto {
+        /// The longest spin; gaps longer than this are not waited for.
+        max: Duration,
+    },
 }
+
+/// The ceiling of `auto` without a number.
+pub const AUTO_MAX_DEFAULT: Duration = Duration::from_micros(1000);
 
 impl Default for PollMode {
     fn default() -> Self {
@@ -48,25 +61,38 @@ impl Default for PollMode {
 
 /// Error parsing a [`PollMode`] setting.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown poll mode {0:?}: expected busy, event, adaptive or adaptive:<microseconds>")]
+#[error(
+    "unknown poll mode {0:?}: expected busy, event, adaptive, adaptive:<microseconds>, auto or auto:<microseconds>"
+)]
 pub struct ParsePollModeError(String);
 
 impl FromStr for PollMode {
     type Err = ParsePollModeError;
 
-    /// `busy`, `event`, `adaptive` (50 µs spin) or `adaptive:<µs>`.
+    /// `busy`, `event`, `adaptive` (50 µs spin), `adaptive:<µs>`, `auto`
+    /// (at most [`AUTO_MAX_DEFAULT`]) or `auto:<µs>` (at most that).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParsePollModeError(s.to_string());
+        let micros = |v: &str| {
+            v.parse::<u64>()
+                .map(Duration::from_micros)
+                .map_err(|_| err())
+        };
         match s {
             "busy" => Ok(Self::Busy),
             "event" => Ok(Self::Event),
             "adaptive" => Ok(Self::default()),
+            "auto" => Ok(Self::Auto {
+                max: AUTO_MAX_DEFAULT,
+            }),
             _ => {
-                let us = s.strip_prefix("adaptive:").ok_or_else(err)?;
-                let us: u64 = us.parse().map_err(|_| err())?;
-                Ok(Self::Adaptive {
-                    spin: Duration::from_micros(us),
-                })
+                if let Some(us) = s.strip_prefix("adaptive:") {
+                    Ok(Self::Adaptive { spin: micros(us)? })
+                } else if let Some(us) = s.strip_prefix("auto:") {
+                    Ok(Self::Auto { max: micros(us)? })
+                } else {
+                    Err(err())
+                }
             }
         }
     }
@@ -78,7 +104,68 @@ impl std::fmt::Display for PollMode {
             Self::Busy => f.write_str("busy"),
             Self::Event => f.write_str("event"),
             Self::Adaptive { spin } => write!(f, "adaptive:{}", spin.as_micros()),
+            Self::Auto { max } => write!(f, "auto:{}", max.as_micros()),
         }
+    }
+}
+
+/// Gaps a [`SpinTuner`] remembers.
+pub const TUNER_WINDOW: usize = 16;
+
+/// How long to spin before sleeping, learnt from the traffic: the time the
+/// last [`TUNER_WINDOW`] awaited completions took to come after the work
+/// before them ("gaps"). The budget is the gap three in four of them
+/// stayed within, plus a quarter for margin, capped at `max`; when that
+/// gap is itself longer than `max`, spinning would mostly be in vain and
+/// the budget is zero (the thread sleeps at once, as in event mode).
+///
+/// Gaps are measured whether the thread spun or slept, so a budget of zero
+/// grows again as soon as calls come closer together. It starts at `max`.
+/// Pure bookkeeping: the caller measures and decides what counts as an
+/// awaited completion (a server, the arrival of a call).
+#[derive(Debug, Clone)]
+pub struct SpinTuner {
+    max: Duration,
+    /// Recent gaps in microseconds (saturating), a ring.
+    gaps: [u32; TUNER_WINDOW],
+    len: usize,
+    next: usize,
+    budget: Duration,
+}
+
+impl SpinTuner {
+    /// A tuner that never spins longer than `max`.
+    pub fn new(max: Duration) -> Self {
+        Self {
+            max,
+            gaps: [0; TUNER_WINDOW],
+            len: 0,
+            next: 0,
+            budget: max,
+        }
+    }
+
+    /// How long to spin after the last work before sleeping.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Records that an awaited completion came `gap` after the work before
+    /// it, and updates the budget.
+    pub fn observe(&mut self, gap: Duration) {
+        self.gaps[self.next] = u32::try_from(gap.as_micros()).unwrap_or(u32::MAX);
+        self.next = (self.next + 1) % TUNER_WINDOW;
+        self.len = (self.len + 1).min(TUNER_WINDOW);
+        let mut recent = self.gaps;
+        let recent = &mut recent[..self.len];
+        recent.sort_unstable();
+        // Nearest-rank 75th percentile.
+        let q = Duration::from_micros(u64::from(recent[(self.len * 3).div_ceil(4) - 1]));
+        self.budget = if q > self.max {
+            Duration::ZERO
+        } else {
+            (q + q / 4).min(self.max)
+        };
     }
 }
 
@@ -286,17 +373,26 @@ struct Worker<H> {
 impl<H: FnMut(usize, &WorkCompletion)> Worker<H> {
     fn run(mut self) -> Result<(), EngineError> {
         let mut idle_since: Option<Instant> = None;
+        let mut tuner = match self.config.mode {
+            PollMode::Auto { max } => Some(SpinTuner::new(max)),
+            _ => None,
+        };
         while !self.stop.load(Ordering::Acquire) {
             if self.poll_all()? > 0 {
+                // Every completion is awaited alike here.
+                if let (Some(t), Some(since)) = (tuner.as_mut(), idle_since) {
+                    t.observe(since.elapsed());
+                }
                 idle_since = None;
                 continue;
             }
+            let since = *idle_since.get_or_insert_with(Instant::now);
             let sleep_now = match self.config.mode {
                 PollMode::Busy => false,
                 PollMode::Event => true,
-                PollMode::Adaptive { spin } => {
-                    let since = *idle_since.get_or_insert_with(Instant::now);
-                    since.elapsed() >= spin
+                PollMode::Adaptive { spin } => since.elapsed() >= spin,
+                PollMode::Auto { .. } => {
+                    since.elapsed() >= tuner.as_ref().map_or(Duration::ZERO, SpinTuner::budget)
                 }
             };
             if !sleep_now {
@@ -304,7 +400,6 @@ impl<H: FnMut(usize, &WorkCompletion)> Worker<H> {
                 continue;
             }
             self.arm_and_wait()?;
-            idle_since = None;
         }
         Ok(())
     }
@@ -370,11 +465,88 @@ mod tests {
                 spin: Duration::from_micros(200)
             })
         );
+        assert_eq!(
+            "auto".parse::<PollMode>(),
+            Ok(PollMode::Auto {
+                max: AUTO_MAX_DEFAULT
+            })
+        );
+        assert_eq!(
+            "auto:300".parse::<PollMode>(),
+            Ok(PollMode::Auto {
+                max: Duration::from_micros(300)
+            })
+        );
         assert!("adaptive:x".parse::<PollMode>().is_err());
+        assert!("auto:".parse::<PollMode>().is_err());
+        assert!("auto:-1".parse::<PollMode>().is_err());
         assert!("spin".parse::<PollMode>().is_err());
-        for m in [PollMode::Busy, PollMode::Event, PollMode::default()] {
+        let auto = PollMode::Auto {
+            max: Duration::from_micros(700),
+        };
+        for m in [PollMode::Busy, PollMode::Event, PollMode::default(), auto] {
             assert_eq!(m.to_string().parse::<PollMode>(), Ok(m));
         }
+    }
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn tuner_spins_a_little_longer_than_steady_gaps() {
+        let mut t = SpinTuner::new(us(1000));
+        assert_eq!(t.budget(), us(1000), "starts at its ceiling");
+        for _ in 0..TUNER_WINDOW {
+            t.observe(us(400));
+        }
+        assert_eq!(t.budget(), us(500));
+        // Fast hardware: tens of microseconds.
+        for _ in 0..TUNER_WINDOW {
+            t.observe(us(12));
+        }
+        assert_eq!(t.budget(), us(15));
+    }
+
+    #[test]
+    fn tuner_covers_three_gaps_in_four_and_never_exceeds_its_ceiling() {
+        let mut t = SpinTuner::new(us(1000));
+        // 12 quick, 4 slow: the quick ones set the budget.
+        for i in 0..TUNER_WINDOW as u64 {
+            t.observe(if i % 4 == 3 { us(50_000) } else { us(100 + i) });
+        }
+        assert_eq!(t.budget(), us(114) + us(114) / 4);
+        // Gaps just under the ceiling: the margin is cut at the ceiling.
+        for _ in 0..TUNER_WINDOW {
+            t.observe(us(950));
+        }
+        assert_eq!(t.budget(), us(1000));
+    }
+
+    #[test]
+    fn tuner_stops_spinning_for_sparse_traffic_and_resumes() {
+        let mut t = SpinTuner::new(us(1000));
+        for _ in 0..TUNER_WINDOW {
+            t.observe(us(300));
+        }
+        assert!(t.budget() > us(300));
+        // Calls now come 5 ms apart: once most recent gaps are longer
+        // than the ceiling, the thread does not spin at all.
+        let mut observed = 0;
+        while t.budget() > Duration::ZERO {
+            t.observe(us(5000));
+            observed += 1;
+            assert!(observed <= TUNER_WINDOW, "never stopped spinning");
+        }
+        assert!(observed > TUNER_WINDOW / 4, "one slow gap is not a trend");
+        // Back to quick calls: spinning resumes.
+        let mut observed = 0;
+        while t.budget() == Duration::ZERO {
+            t.observe(us(200));
+            observed += 1;
+            assert!(observed <= TUNER_WINDOW, "never resumed");
+        }
+        assert_eq!(t.budget(), us(250));
     }
 
     #[test]
