@@ -688,6 +688,78 @@ fn a_region_given_up_as_bytes_keeps_the_data_and_is_dead_to_peers() {
     assert_eq!(&b[..], &pattern(5, 8192)[1000..]);
 }
 
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_window_only_region_is_lent_only_when_no_window_holds_it() {
+    let pair = connect_pair(PairOpts::default());
+    let (c, s) = (&pair.client, &pair.server);
+    let local = MemoryRegion::new(&c.pd, 8192, Access::LOCAL).unwrap();
+    local.write_at(0, &pattern(7, 8192)).unwrap();
+
+    let area = MemoryRegion::new_window_only(&s.pd, 8192).unwrap();
+    assert!(area.is_window_only());
+    // No work request and no rkey of its own can name it.
+    assert!(matches!(
+        area.sge(0, 64),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        area.remote(0, 64),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    // A region with other rights is never lent, unique or not.
+    let plain = MemoryRegion::new(&s.pd, 4096, Access::MW_BIND).unwrap();
+    assert!(MemoryRegion::lend(plain, 0, 4096, drop).is_err());
+
+    // The peer writes through a window, which is then invalidated: the
+    // window still holds the region, so it is not lent.
+    let mw = MemoryWindow::new(&s.pd).unwrap();
+    let rkey = bind(s, &mw, &area, 0, 8192);
+    let remote = RemoteBuf {
+        addr: area.addr(),
+        len: 8192,
+        rkey,
+    };
+    expect_ok(
+        rdma_write(c, 1, &local, 8192, remote),
+        1,
+        WcOpcode::RdmaWrite,
+    );
+    local_inv(s, rkey);
+    let area = MemoryRegion::lend(area, 0, 8192, drop).expect_err("lent while a window holds it");
+    // Out of range: refused.
+    let area = MemoryRegion::lend(area, 4096, 8192, drop).expect_err("lent out of range");
+
+    // Once the window is deallocated, the loan goes through and shows what
+    // the peer wrote; dropping the last Bytes gives the region back.
+    drop(mw);
+    let (tx, rx) = mpsc::channel();
+    let b = MemoryRegion::lend(area, 100, 8000, move |r| tx.send(r).unwrap())
+        .expect("a region no window holds is lent");
+    assert_eq!(&b[..], &pattern(7, 8192)[100..8100]);
+    let part = b.slice(10..20);
+    drop(b);
+    assert!(rx.try_recv().is_err(), "given back while a slice lives");
+    assert_eq!(&part[..], &pattern(7, 8192)[110..120]);
+    drop(part);
+    let area = rx.try_recv().expect("given back once the last Bytes went");
+    // Back in service: a new window exposes it again.
+    let mw = MemoryWindow::new(&s.pd).unwrap();
+    let rkey = bind(s, &mw, &area, 0, 4096);
+    local.write_at(0, &pattern(8, 4096)).unwrap();
+    let remote = RemoteBuf {
+        addr: area.addr(),
+        len: 4096,
+        rkey,
+    };
+    expect_ok(
+        rdma_write(c, 2, &local, 4096, remote),
+        2,
+        WcOpcode::RdmaWrite,
+    );
+    assert_eq!(area.to_vec(0, 4096).unwrap(), pattern(8, 4096));
+}
+
 /// Ping-pong traffic through an engine polling both CQs; returns the
 /// engine's counters after the traffic and after an idle period.
 fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {

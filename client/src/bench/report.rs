@@ -278,6 +278,7 @@ pub fn json(r: &BenchResult) -> Value {
                     "send_with_invalidate": t.send_with_invalidate,
                     "local_invalidations": t.local_invalidations,
                     "window_binds": t.window_binds,
+                    "window_renewals": t.window_renewals,
                     "mr_registrations": t.mr_registrations,
                     "read_chunk_calls": t.read_chunk_calls,
                     "write_chunk_calls": t.write_chunk_calls,

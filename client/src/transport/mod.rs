@@ -157,6 +157,10 @@ pub struct TransportStats {
     pub local_invalidations: u64,
     /// RDMA: memory window binds posted (the `mw` strategy).
     pub window_binds: u64,
+    /// RDMA: memory windows deallocated and allocated anew (`mw`: after a
+    /// slot's area was lent out with a reply, or a per-RPC region was
+    /// bound, so that no window holds that memory any more).
+    pub window_renewals: u64,
     /// RDMA: memory regions registered for one RPC (the `reg-mr` strategy,
     /// and chunks too large for a pool slot).
     pub mr_registrations: u64,
@@ -209,6 +213,7 @@ impl TransportStats {
             send_with_invalidate: d(self.send_with_invalidate, earlier.send_with_invalidate),
             local_invalidations: d(self.local_invalidations, earlier.local_invalidations),
             window_binds: d(self.window_binds, earlier.window_binds),
+            window_renewals: d(self.window_renewals, earlier.window_renewals),
             mr_registrations: d(self.mr_registrations, earlier.mr_registrations),
             read_chunk_calls: d(self.read_chunk_calls, earlier.read_chunk_calls),
             write_chunk_calls: d(self.write_chunk_calls, earlier.write_chunk_calls),
@@ -233,6 +238,7 @@ impl TransportStats {
             send_with_invalidate: self.send_with_invalidate + o.send_with_invalidate,
             local_invalidations: self.local_invalidations + o.local_invalidations,
             window_binds: self.window_binds + o.window_binds,
+            window_renewals: self.window_renewals + o.window_renewals,
             mr_registrations: self.mr_registrations + o.mr_registrations,
             read_chunk_calls: self.read_chunk_calls + o.read_chunk_calls,
             write_chunk_calls: self.write_chunk_calls + o.write_chunk_calls,

@@ -37,18 +37,21 @@
 //! - A slot table of [`RECV_BUFFERS`] slots: each slot has a send buffer
 //!   (the server's inline receive size) and, for the `mw` and `persistent`
 //!   strategies, a chunk area of [`RdmaOptions::max_io`] + 64 KiB bytes
-//!   ([`AREA`] by default) in one pre-registered pool
-//!   (Read chunk data, then the Write chunk, then the Reply chunk).
+//!   ([`AREA`] by default), pre-registered (Read chunk data, then the
+//!   Write chunk, then the Reply chunk): with `mw` a region of its own per
+//!   slot, plus spare areas (see below); with `persistent` one pool.
 //!
 //! # Registration ([`RegStrategy`])
-//! - `mw`: the pool is registered with MW-bind access only (its own rkey
-//!   grants nothing). Each slot owns three type-2 windows (Read chunk:
-//!   remote read; Write chunk and Reply chunk: remote write); per RPC the
-//!   needed windows are bound over the used sub-ranges with BIND_MW work
-//!   requests posted in the same chain as, and before, the Send. A call
-//!   whose chunks do not fit the slot's area gets a per-RPC region (also
-//!   MW-bind only) under the same windows. Caveat (see the verbs docs): on
-//!   Soft-RoCE a window's rkey also reaches the rest of its region.
+//! - `mw`: each slot's area is a window-only region (MW-bind access only:
+//!   its own rkey grants nothing, and no work request names it). Each slot
+//!   owns three type-2 windows (Read chunk: remote read; Write chunk and
+//!   Reply chunk: remote write); per RPC the needed windows are bound over
+//!   the used sub-ranges with BIND_MW work requests posted in the same
+//!   chain as, and before, the Send. A call whose chunks do not fit the
+//!   slot's area gets a per-RPC region (also MW-bind only) under the same
+//!   windows. On Soft-RoCE a window's rkey also reaches the rest of its
+//!   region (see the verbs docs): with a region per slot, that is the
+//!   slot's own area, which holds nothing but this call's chunks.
 //! - `reg-mr`: one region with remote read and write access registered per
 //!   RPC, dropped (deregistered, which fences it) when the RPC is done.
 //! - `persistent`: the pool is registered once with remote read and write
@@ -81,19 +84,26 @@
 //! # Reply data: copied or lent
 //! Once a call is fenced, its READ data (Write chunk) and Reply chunk reach
 //! the caller as `Bytes`:
-//! - from a per-RPC region (`reg-mr`, and `mw` calls too large for a slot
-//!   once their windows let go of the region), without a copy: the region
-//!   is deregistered, which proves no peer and no work request can reach
-//!   it any more, and its buffer becomes the reply's memory
-//!   ([`MemoryRegion::into_bytes`]);
-//! - from the pool (`mw`, `persistent`), by copy. The pool is not lent out:
-//!   the slot would stay taken for as long as the caller keeps the data,
-//!   other calls' windows are bound over the same region, and on Soft-RoCE
-//!   a window's rkey reaches the rest of its region (with `persistent`,
-//!   the server may write the pool at any time by design).
+//! - from a per-RPC region (`reg-mr`, and `mw` calls too large for a slot),
+//!   without a copy: the region is deregistered, which proves no peer and
+//!   no work request can reach it any more, and its buffer becomes the
+//!   reply's memory ([`MemoryRegion::into_bytes`]). With `mw` the windows
+//!   the call bound over it are deallocated and allocated anew first (a
+//!   window holds every region it was bound to until then).
+//! - `mw`, [`LEND_MIN`] bytes or more: in the slot's own area, without a
+//!   copy and without deregistering ([`MemoryRegion::lend`]). The slot
+//!   takes a spare area instead, and the windows that were ever bound to
+//!   its old one are deallocated and allocated anew, so nothing can reach
+//!   the lent area until the caller drops the last `Bytes` over it; it is
+//!   a spare again then. [`SPARE_AREAS`] spares are registered with the
+//!   connection, more as loans need them, up to one per slot; when none is
+//!   left (the caller holds that many replies) the reply is copied.
+//! - otherwise by copy: smaller `mw` replies (two window operations cost
+//!   more than copying them), and the `persistent` pool, which the server
+//!   may write at any time by design.
 //!
 //! The transport counts the bytes of each kind (`reply_bytes_copied`,
-//! `reply_bytes_lent`).
+//! `reply_bytes_lent`) and the windows renewed (`window_renewals`).
 //!
 //! # Timeouts, reconnection, retransmission
 //! As for TCP: the first connection is made by [`RdmaTransport::connect`]
@@ -146,6 +156,14 @@ pub const AREA: usize = (1 << 20) + AREA_EXTRA;
 const AREA_EXTRA: usize = 64 << 10;
 /// Alignment of each chunk within an area.
 const ALIGN: usize = 64;
+/// `mw`: reply data (Write chunk and Reply chunk) of at least this many
+/// bytes is lent to the caller in its slot's area, which the slot trades
+/// for a spare; smaller replies are copied (cheaper than the two window
+/// operations a loan costs).
+const LEND_MIN: usize = 16 << 10;
+/// `mw`: spare areas registered when the connection is made; more are
+/// registered as loans need them, up to one per slot.
+const SPARE_AREAS: usize = 2;
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -212,6 +230,7 @@ struct Counters {
     send_with_inv: AtomicU64,
     local_invs: AtomicU64,
     binds: AtomicU64,
+    window_renewals: AtomicU64,
     mr_regs: AtomicU64,
     read_chunks: AtomicU64,
     write_chunks: AtomicU64,
@@ -308,6 +327,7 @@ impl RdmaTransport {
             send_with_invalidate: g(&c.send_with_inv),
             local_invalidations: g(&c.local_invs),
             window_binds: g(&c.binds),
+            window_renewals: g(&c.window_renewals),
             mr_registrations: g(&c.mr_regs),
             read_chunk_calls: g(&c.read_chunks),
             write_chunk_calls: g(&c.write_chunks),
@@ -574,6 +594,8 @@ struct Inflight {
     reply_at: usize,
     /// Window rkeys still valid (to invalidate).
     rkeys: Vec<u32>,
+    /// The slot's windows this call bound (bit per window).
+    bound: u8,
     send_done: bool,
     reply: Option<Reply>,
     invs_left: u32,
@@ -595,6 +617,16 @@ struct State {
     xids: HashMap<u32, usize>,
 }
 
+/// `mw`: what one slot binds windows over.
+struct SlotMem {
+    /// Read chunk, Write chunk and Reply chunk windows.
+    windows: [MemoryWindow; 3],
+    /// The slot's chunk area: a window-only region of `Conn::area` bytes.
+    area: Arc<MemoryRegion>,
+    /// Windows bound to `area` since they were allocated (bit per window).
+    on_area: u8,
+}
+
 /// One RDMA connection and everything registered for it.
 struct Conn {
     id: u64,
@@ -611,8 +643,14 @@ struct Conn {
     recv_mr: Arc<MemoryRegion>,
     send_mr: Arc<MemoryRegion>,
     send_size: usize,
+    /// `persistent`: all slots' areas in one region.
     pool: Option<Arc<MemoryRegion>>,
-    windows: Vec<[MemoryWindow; 3]>,
+    /// `mw`: each slot's windows and window-only area.
+    slot_mem: Vec<Mutex<SlotMem>>,
+    /// `mw`: areas not in use by a slot nor lent out.
+    spares: Arc<Mutex<Vec<Arc<MemoryRegion>>>>,
+    /// `mw`: areas registered beyond one per slot (spares and loans).
+    spare_areas: AtomicU32,
     st: Mutex<State>,
     /// Held by whoever polls the completion queue (so completions are
     /// handled in queue order), with the buffer the completions land in.
@@ -639,7 +677,7 @@ impl Drop for Conn {
     fn drop(&mut self) {
         let t = Teardown {
             id: self.id,
-            windows: std::mem::take(&mut self.windows),
+            slot_mem: std::mem::take(&mut self.slot_mem),
             qp: self.qp.clone(),
             slots: std::mem::take(&mut lock(&self.st).slots),
             pool: self.pool.take(),
@@ -684,7 +722,7 @@ const SLOW_TEARDOWN: Duration = Duration::from_secs(5);
 /// operation is under way).
 struct Teardown {
     id: u64,
-    windows: Vec<[MemoryWindow; 3]>,
+    slot_mem: Vec<Mutex<SlotMem>>,
     qp: Arc<QueuePair>,
     slots: Vec<Option<Inflight>>,
     pool: Option<Arc<MemoryRegion>>,
@@ -701,7 +739,7 @@ impl Teardown {
         let t0 = Instant::now();
         let Teardown {
             id,
-            windows,
+            slot_mem,
             qp,
             slots,
             pool,
@@ -712,11 +750,18 @@ impl Teardown {
             pd,
             events,
         } = self;
+        let (windows, areas): (Vec<_>, Vec<_>) = slot_mem
+            .into_iter()
+            .map(|m| {
+                let m = m.into_inner().unwrap_or_else(|p| p.into_inner());
+                (m.windows, m.area)
+            })
+            .unzip();
         drop(windows);
         let t1 = Instant::now();
         drop(qp);
         let qp_took = t1.elapsed();
-        drop((slots, pool, regions));
+        drop((slots, pool, areas, regions));
         drop((cq, channel));
         drop(cm);
         drop((pd, events));
@@ -801,7 +846,7 @@ impl Conn {
             qp.post_recv_one(wr(WR_RECV, i), &[sge])
                 .map_err(e("posting receives"))?;
         }
-        let mut windows = Vec::new();
+        let mut windows: Vec<[MemoryWindow; 3]> = Vec::new();
         if strategy == RegStrategy::Mw {
             let alloc = || -> Result<[MemoryWindow; 3], VerbsError> {
                 Ok([
@@ -824,16 +869,34 @@ impl Conn {
         }
         let area = align(opts.max_io.clamp(4096, 1 << 20) as usize + AREA_EXTRA);
         let pool = match strategy {
-            RegStrategy::Mw => Some(
-                MemoryRegion::new(&pd, slots * area, Access::MW_BIND)
-                    .map_err(e("registering the chunk pool"))?,
-            ),
             RegStrategy::Persistent => Some(
                 MemoryRegion::new(&pd, slots * area, Access::REMOTE)
                     .map_err(e("registering the chunk pool"))?,
             ),
-            RegStrategy::RegMr => None,
+            RegStrategy::Mw | RegStrategy::RegMr => None,
         };
+        // `mw`: a window-only region per slot (a window's rkey then reaches
+        // nothing beyond its own slot's area, whatever the device), and a
+        // few spares to trade for areas lent out.
+        let mut slot_mem = Vec::with_capacity(windows.len());
+        for w in windows {
+            let area =
+                MemoryRegion::new_window_only(&pd, area).map_err(e("registering chunk areas"))?;
+            slot_mem.push(Mutex::new(SlotMem {
+                windows: w,
+                area,
+                on_area: 0,
+            }));
+        }
+        let mut spares = Vec::new();
+        if strategy == RegStrategy::Mw {
+            for _ in 0..SPARE_AREAS {
+                spares.push(
+                    MemoryRegion::new_window_only(&pd, area)
+                        .map_err(e("registering chunk areas"))?,
+                );
+            }
+        }
         // Only windows can be invalidated by the peer; per-RPC regions and
         // the persistent pool must not be (RFC 8797 lets us not offer it).
         let offered_ri = opts.remote_inv && strategy == RegStrategy::Mw;
@@ -889,7 +952,9 @@ impl Conn {
             send_mr,
             send_size,
             pool,
-            windows,
+            slot_mem,
+            spare_areas: AtomicU32::new(spares.len() as u32),
+            spares: Arc::new(Mutex::new(spares)),
             st: Mutex::new(State {
                 limit: 1,
                 in_flight: 0,
@@ -1035,8 +1100,16 @@ impl Conn {
                 _ => Access::REMOTE,
             };
             match (&self.pool, self.strategy) {
-                (Some(pool), RegStrategy::Mw | RegStrategy::Persistent) if total <= self.area => {
+                (Some(pool), RegStrategy::Persistent) if total <= self.area => {
                     (Some(pool.clone()), slot * self.area)
+                }
+                (_, RegStrategy::Mw) if total <= self.area => {
+                    let area = self
+                        .slot_mem
+                        .get(slot)
+                        .map(|m| lock(m).area.clone())
+                        .ok_or_else(|| fatal("slot without chunk area".into()))?;
+                    (Some(area), 0)
                 }
                 _ => {
                     let mr = MemoryRegion::new(self.qp.pd(), total, per_rpc_access)
@@ -1049,6 +1122,9 @@ impl Conn {
         let mut regs = Registrations::default();
         let mut binds: Vec<(usize, usize, usize, MwAccess)> = Vec::new();
         let mut rkeys = Vec::new();
+        // The slot's windows, held until the call is posted (nothing else
+        // touches them while the slot is taken; the lock is per slot).
+        let mut sm = self.slot_mem.get(slot).map(|m| lock(m));
         if let Some(mem) = &mem {
             if let Some((_, data)) = &plan.read {
                 let mut at = base;
@@ -1059,9 +1135,8 @@ impl Conn {
                 }
             }
             let mut seg = |at: usize, len: usize, w: usize, access: MwAccess| {
-                let handle = if self.strategy == RegStrategy::Mw {
-                    let rkey =
-                        nfsrdma_transport::rdma::verbs::next_rkey(self.windows[slot][w].rkey());
+                let handle = if let Some(sm) = sm.as_ref() {
+                    let rkey = nfsrdma_transport::rdma::verbs::next_rkey(sm.windows[w].rkey());
                     binds.push((w, base + at, len, access));
                     rkeys.push(rkey);
                     rkey
@@ -1118,6 +1193,7 @@ impl Conn {
         if self.is_dead() {
             return Err(NotSent::Lost);
         }
+        let bound = binds.iter().fold(0u8, |m, (w, ..)| m | 1 << w);
         st.slots[slot] = Some(Inflight {
             plan,
             waiter: Some(tx),
@@ -1126,6 +1202,7 @@ impl Conn {
             write_at,
             reply_at,
             rkeys,
+            bound,
             send_done: false,
             reply: None,
             invs_left: 0,
@@ -1144,12 +1221,12 @@ impl Conn {
         };
         let sges = [sge];
         let mut wrs = Vec::with_capacity(binds.len() + 1);
-        if let Some(mem) = &mem {
+        if let (Some(mem), Some(sm)) = (&mem, sm.as_deref()) {
             for (w, offset, len, access) in &binds {
                 wrs.push(SendWr {
                     wr_id: wr(WR_BIND, slot),
                     op: SendOp::BindMw {
-                        mw: &self.windows[slot][*w],
+                        mw: &sm.windows[*w],
                         mr: mem,
                         offset: *offset,
                         len: *len,
@@ -1174,11 +1251,18 @@ impl Conn {
         self.counters
             .binds
             .fetch_add(binds.len() as u64, Ordering::Relaxed);
+
         // Our reference to the chunk memory goes before the slot table is
         // unlocked: once it is, the reply may be handled at once, and a
         // per-RPC region is handed over without a copy only when the call
         // is its sole holder.
         drop(wrs);
+        if let (Some(sm), Some(mem)) = (sm.as_mut(), &mem) {
+            if Arc::ptr_eq(&sm.area, mem) {
+                sm.on_area |= bound;
+            }
+        }
+        drop(sm);
         drop(mem);
         drop(st);
         Ok(rx)
@@ -1494,6 +1578,50 @@ impl Conn {
         Ok(())
     }
 
+    /// Replaces the slot's windows in `mask` with newly allocated ones
+    /// (the old ones are deallocated, which also lets go of every region
+    /// they were bound to).
+    fn renew_windows(&self, slot: usize, mask: u8) -> Result<(), String> {
+        if mask == 0 {
+            return Ok(());
+        }
+        let mut sm = lock(&self.slot_mem[slot]);
+        for (w, window) in sm.windows.iter_mut().enumerate() {
+            if mask & (1 << w) != 0 {
+                *window = MemoryWindow::new(&self._pd)
+                    .map_err(|e| format!("allocating a memory window: {e}"))?;
+                self.counters
+                    .window_renewals
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// A spare chunk area, registering one if fewer than one per slot
+    /// exist; `None` when none can be had (the reply is then copied).
+    fn take_spare(&self) -> Option<Arc<MemoryRegion>> {
+        if let Some(a) = lock(&self.spares).pop() {
+            return Some(a);
+        }
+        let made = self.spare_areas.load(Ordering::Relaxed);
+        if made as usize >= self.slot_mem.len() {
+            return None;
+        }
+        match MemoryRegion::new_window_only(&self._pd, self.area) {
+            Ok(a) => {
+                self.spare_areas.store(made + 1, Ordering::Relaxed);
+                Some(a)
+            }
+            Err(e) => {
+                // No more: copying still works.
+                self.spare_areas.store(u32::MAX, Ordering::Relaxed);
+                tracing::warn!(conn = self.id, error = %e, "registering a spare chunk area failed; replies are copied from now on");
+                None
+            }
+        }
+    }
+
     /// Every registration of the slot's RPC is fenced: hand the reply over
     /// (copied out of the pool, or, from a per-RPC region, the region's
     /// own memory once deregistered) and free the slot once its Send
@@ -1504,21 +1632,65 @@ impl Conn {
             return Ok(());
         };
         let fenced = Instant::now();
-        let has_data = match &reply {
+        let data = match &reply {
             Reply::Message {
                 message, written, ..
-            } => matches!(message, ReplyMessage::InReplyChunk(_)) || written.is_some_and(|n| n > 0),
-            Reply::Error { .. } => false,
+            } => {
+                let chunk = match message {
+                    ReplyMessage::InReplyChunk(n) => *n as usize,
+                    ReplyMessage::Inline(_) => 0,
+                };
+                chunk + written.unwrap_or(0) as usize
+            }
+            Reply::Error { .. } => 0,
         };
+        let has_data = data > 0;
+        let mut lent: Option<Bytes> = None;
+        // `mw`: the windows this call bound over a per-RPC region hold it
+        // until they are deallocated: new ones take their place, so that
+        // the region can be given up below (and is not kept alive).
+        let area = self.slot_mem.get(slot).map(|m| lock(m).area.clone());
+        let in_area = matches!((&area, &inf.mem), (Some(a), Some(m)) if Arc::ptr_eq(a, m));
+        drop(area);
+        if inf.mem.is_some() && !in_area && inf.bound != 0 {
+            self.renew_windows(slot, inf.bound)?;
+        }
+        // `mw`: enough reply data in the slot's area is lent to the caller
+        // in place: the slot takes a spare area, and the windows that were
+        // bound to its old one are replaced, so that nothing can reach the
+        // old area any more while the caller holds it.
+        if in_area && data >= LEND_MIN {
+            if let Some(spare) = self.take_spare() {
+                let old = {
+                    let mut sm = lock(&self.slot_mem[slot]);
+                    let mask = std::mem::take(&mut sm.on_area);
+                    let old = std::mem::replace(&mut sm.area, spare);
+                    drop(sm);
+                    self.renew_windows(slot, mask)?;
+                    old
+                };
+                inf.mem = None;
+                let spares = self.spares.clone();
+                let len = old.len();
+                match MemoryRegion::lend(old, 0, len, move |r| lock(&spares).push(r)) {
+                    Ok(b) => lent = Some(b),
+                    Err(old) => {
+                        // Held elsewhere after all: copy from it, and let
+                        // it go.
+                        tracing::warn!(conn = self.id, slot, "chunk area not lendable; copying");
+                        inf.mem = Some(old);
+                    }
+                }
+            }
+        }
         // A per-RPC region that nothing else holds is deregistered here
         // (that fences it) and its buffer becomes the reply's memory. The
-        // pool is never lent out: other calls' windows are bound over it,
-        // and on Soft-RoCE a window's rkey reaches the rest of its region.
-        let mut lent: Option<Bytes> = None;
+        // persistent pool is never lent out: the server may write it at
+        // any time.
         let pool = self.pool.as_ref();
-        let per_rpc = inf
-            .mem
-            .take_if(|m| has_data && !pool.is_some_and(|p| Arc::ptr_eq(p, m)));
+        let per_rpc = inf.mem.take_if(|m| {
+            lent.is_none() && has_data && !in_area && !pool.is_some_and(|p| Arc::ptr_eq(p, m))
+        });
         if let Some(mem) = per_rpc {
             let len = mem.len().saturating_sub(inf.base);
             match MemoryRegion::into_bytes(mem, inf.base, len) {
@@ -1574,7 +1746,8 @@ impl Conn {
                 .fetch_add(ns(fenced, Instant::now()), Ordering::Relaxed);
             c.timed_calls.fetch_add(1, Ordering::Relaxed);
         }
-        // A per-RPC region is deregistered (fenced) here; the pool stays.
+        // A per-RPC region is deregistered (fenced) here; the pool and the
+        // slot's area stay.
         inf.mem = None;
         inf.delivered = true;
         if let Some(w) = inf.waiter.take() {

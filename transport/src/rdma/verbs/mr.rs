@@ -212,12 +212,17 @@ impl Buffer {
 ///
 /// Drop deregisters first and frees the buffer only if deregistration
 /// succeeded (otherwise the buffer is leaked), so the device never writes
-/// into freed memory. CPU access is by copy; see the module docs.
+/// into freed memory. CPU access is by copy (see the module docs), except
+/// for a region given up ([`MemoryRegion::into_bytes`]) or lent
+/// ([`MemoryRegion::lend`]) when nothing else can reach it.
 pub struct MemoryRegion {
     mr: NonNull<ibv_mr>,
     buf: Buffer,
     len: usize,
     access: Access,
+    /// Made by [`MemoryRegion::new_window_only`]: the device reaches it
+    /// through memory windows only (no [`Sge`], no rkey of its own).
+    window_only: bool,
     pd: Arc<ProtectionDomain>,
     /// Serialises CPU copies between Rust threads.
     cpu: Mutex<()>,
@@ -245,6 +250,28 @@ impl MemoryRegion {
     /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers
     /// it on `pd` with `access`.
     pub fn new(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Result<Arc<Self>> {
+        Self::register(pd, len, access, false)
+    }
+
+    /// A region the device reaches through memory windows only: registered
+    /// with [`Access::MW_BIND`] (its own rkey grants nothing), and [`sge`]
+    /// and [`remote`] refuse it, so no work request of ours reads or writes
+    /// it directly. The CPU fills and reads it by copy, windows expose it
+    /// to the peer, and when no window holds it any more it can be lent
+    /// out without a copy ([`MemoryRegion::lend`]).
+    ///
+    /// [`sge`]: MemoryRegion::sge
+    /// [`remote`]: MemoryRegion::remote
+    pub fn new_window_only(pd: &Arc<ProtectionDomain>, len: usize) -> Result<Arc<Self>> {
+        Self::register(pd, len, Access::MW_BIND, true)
+    }
+
+    fn register(
+        pd: &Arc<ProtectionDomain>,
+        len: usize,
+        access: Access,
+        window_only: bool,
+    ) -> Result<Arc<Self>> {
         if (access.remote_write || access.mw_bind) && !access.local_write {
             return Err(VerbsError::InvalidArgument(
                 "remote write and MW bind access need local write access".into(),
@@ -272,6 +299,7 @@ impl MemoryRegion {
             buf,
             len,
             access,
+            window_only,
             pd: pd.clone(),
             cpu: Mutex::new(()),
         }))
@@ -330,6 +358,7 @@ impl MemoryRegion {
 
     /// Scatter/gather entry for `offset..offset + len`.
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge<'_>> {
+        self.not_window_only("a scatter/gather entry")?;
         check_range(offset, len, self.len)?;
         let length = u32::try_from(len)
             .map_err(|_| VerbsError::InvalidArgument(format!("sge length {len} > u32")))?;
@@ -348,6 +377,7 @@ impl MemoryRegion {
 
     /// How a peer names `offset..offset + len` through the region's rkey.
     pub fn remote(&self, offset: usize, len: usize) -> Result<RemoteBuf> {
+        self.not_window_only("its own rkey")?;
         check_range(offset, len, self.len)?;
         Ok(RemoteBuf {
             addr: self.addr() + offset as u64,
@@ -355,6 +385,20 @@ impl MemoryRegion {
                 .map_err(|_| VerbsError::InvalidArgument(format!("length {len} > u32")))?,
             rkey: self.rkey(),
         })
+    }
+
+    /// Whether the region was made by [`MemoryRegion::new_window_only`].
+    pub fn is_window_only(&self) -> bool {
+        self.window_only
+    }
+
+    fn not_window_only(&self, what: &str) -> Result<()> {
+        if self.window_only {
+            return Err(VerbsError::InvalidArgument(format!(
+                "a window-only region has no {what}: bind a memory window to it"
+            )));
+        }
+        Ok(())
     }
 
     /// Copies `data` into the buffer at `offset`.
@@ -468,6 +512,82 @@ impl MemoryRegion {
             len: offset + len,
         })
         .slice(offset..))
+    }
+}
+
+impl MemoryRegion {
+    /// Lends `offset..offset + len` of a window-only region out as
+    /// [`Bytes`] without copying and without deregistering it; when the
+    /// last `Bytes` over the loan is dropped, the region is passed to
+    /// `give_back` (to go back to a pool, say).
+    ///
+    /// The region comes back in `Err` unchanged unless it was made by
+    /// [`MemoryRegion::new_window_only`], the range lies within it, and
+    /// this is its only reference (no other `Arc`, no `Weak`). Those
+    /// conditions are what make the loan sound, i.e. why nothing writes the
+    /// buffer while shared references to it exist:
+    /// - the region's own rkey grants no remote access, and no work
+    ///   request of ours can name it (it has no [`Sge`]);
+    /// - a memory window holds every region it was ever bound to until it
+    ///   is deallocated, so a region no one else holds is one that no live
+    ///   window was ever bound to (windows that were are deallocated, which
+    ///   invalidates them);
+    /// - CPU writes ([`MemoryRegion::write_at`], [`MemoryRegion::fill`])
+    ///   and new binds need a reference to the region, and the only one is
+    ///   inside the loan until `give_back` gets it.
+    pub fn lend<F>(
+        mut this: Arc<Self>,
+        offset: usize,
+        len: usize,
+        give_back: F,
+    ) -> std::result::Result<Bytes, Arc<Self>>
+    where
+        F: FnOnce(Arc<Self>) + Send + 'static,
+    {
+        if !this.window_only || check_range(offset, len, this.len).is_err() {
+            return Err(this);
+        }
+        if Arc::get_mut(&mut this).is_none() {
+            return Err(this);
+        }
+        Ok(Bytes::from_owner(Lent {
+            region: Some(this),
+            give_back: Some(give_back),
+            offset,
+            len,
+        }))
+    }
+}
+
+/// A window-only region lent out by [`MemoryRegion::lend`].
+struct Lent<F: FnOnce(Arc<MemoryRegion>)> {
+    /// Always `Some` until dropped.
+    region: Option<Arc<MemoryRegion>>,
+    give_back: Option<F>,
+    offset: usize,
+    len: usize,
+}
+
+impl<F: FnOnce(Arc<MemoryRegion>)> AsRef<[u8]> for Lent<F> {
+    fn as_ref(&self) -> &[u8] {
+        let Some(region) = self.region.as_ref() else {
+            return &[];
+        };
+        // SAFETY: `offset..offset + len` was checked against the region's
+        // length in `lend`, and the allocation is at least that long; the
+        // buffer was zero-initialised at allocation, so every byte is
+        // initialised. Nothing writes it while the loan exists (see
+        // `MemoryRegion::lend`): no rkey, work request, window or CPU
+        // writer can reach it, as the loan holds its only reference.
+        unsafe { std::slice::from_raw_parts(region.buf.ptr.as_ptr().add(self.offset), self.len) }
+    }
+}
+
+impl<F: FnOnce(Arc<MemoryRegion>)> Drop for Lent<F> {
+    fn drop(&mut self) {
+        if let (Some(region), Some(give_back)) = (self.region.take(), self.give_back.take()) {
+            give_back(region);
+        }
     }
 }
 

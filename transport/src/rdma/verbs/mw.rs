@@ -79,13 +79,19 @@ impl MwAccess {
 pub(crate) struct MwState {
     /// The rkey of the latest posted bind (or of the allocation).
     pub(crate) rkey: u32,
-    /// The region the latest bind targets; held so that the region (and its
-    /// buffer) outlives the binding.
-    pub(crate) bound: Option<Arc<MemoryRegion>>,
+    /// Every region a bind of this window has targeted since it was
+    /// allocated: held until the window is deallocated, so that the
+    /// regions (and their buffers) outlive every binding, and so that a
+    /// region no window holds is one no window can reach (whether or not
+    /// an invalidation was seen; see [`MemoryRegion::lend`]).
+    pub(crate) held: Vec<Arc<MemoryRegion>>,
 }
 
 /// A type-2 memory window (`ibv_alloc_mw(pd, IBV_MW_TYPE_2)`). Keeps its
-/// PD, and the region it was last bound to, alive.
+/// PD, and every region it was bound to, alive until it is deallocated
+/// (dropped): a window bound to one region after another holds them all,
+/// so drop and allocate windows again after binding them to short-lived
+/// regions.
 pub struct MemoryWindow {
     mw: NonNull<ibv_mw>,
     pd: Arc<ProtectionDomain>,
@@ -121,7 +127,10 @@ impl MemoryWindow {
         Ok(Self {
             mw,
             pd: pd.clone(),
-            state: Mutex::new(MwState { rkey, bound: None }),
+            state: Mutex::new(MwState {
+                rkey,
+                held: Vec::new(),
+            }),
         })
     }
 
@@ -158,8 +167,8 @@ impl MemoryWindow {
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         // SAFETY: allocated in `new`, freed once. Deallocating a bound
-        // window invalidates it; the bound region (held in `state`) is
-        // released only after this call.
+        // window invalidates it; the regions it was bound to (held in
+        // `state`) are released only after this call.
         unsafe { ibv_dealloc_mw(self.mw.as_ptr()) };
     }
 }

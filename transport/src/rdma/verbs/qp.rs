@@ -318,7 +318,8 @@ impl QueuePair {
         let mut sge_store: Vec<ibv_sge> = Vec::with_capacity(sge_count);
         let mut raw: Vec<ibv_send_wr> = Vec::with_capacity(wrs.len());
         // For windows bound by this chain: (index, window, previous rkey,
-        // previous region), to restore if the request is not posted.
+        // whether the region was new to the window), to restore if the
+        // request is not posted.
         let mut binds: Vec<PendingBind<'_>> = Vec::new();
 
         // Per request: where its SGEs start in `sge_store` (None: no SGEs).
@@ -373,12 +374,16 @@ impl QueuePair {
                 } => {
                     let mut st = mw.state.lock().unwrap_or_else(|p| p.into_inner());
                     let new_rkey = next_rkey(st.rkey);
+                    let newly_held = !st.held.iter().any(|h| Arc::ptr_eq(h, mr));
+                    if newly_held {
+                        st.held.push(mr.clone());
+                    }
                     binds.push(PendingBind {
                         index: i,
                         mw,
                         old_rkey: st.rkey,
                         new_rkey,
-                        old_mr: st.bound.replace(mr.clone()),
+                        newly_held,
                     });
                     st.rkey = new_rkey;
                     drop(st);
@@ -432,7 +437,10 @@ impl QueuePair {
         for b in binds.into_iter().rev().filter(|b| b.index >= failed_at) {
             let mut st = b.mw.state.lock().unwrap_or_else(|p| p.into_inner());
             st.rkey = b.old_rkey;
-            st.bound = b.old_mr;
+            if b.newly_held {
+                // The latest one pushed, as undoing goes newest first.
+                st.held.pop();
+            }
         }
         if rc != 0 {
             return Err(VerbsError::errno("ibv_post_send", rc));
@@ -493,7 +501,8 @@ struct PendingBind<'a> {
     mw: &'a MemoryWindow,
     old_rkey: u32,
     new_rkey: u32,
-    old_mr: Option<Arc<MemoryRegion>>,
+    /// The bind added its region to the window's held regions.
+    newly_held: bool,
 }
 
 fn raw_sge(s: &Sge<'_>) -> ibv_sge {
