@@ -389,30 +389,32 @@ impl Shared {
         if !last {
             return;
         }
-        let hidden = lock(&self.silly).remove(&ino);
+        let hidden = lock(&self.silly).get(&ino).cloned();
         if let Some((dir, name)) = hidden {
             if let Err(e) = self.client.remove(&dir, &name).await {
                 tracing::warn!("removing {}: {e}", String::from_utf8_lossy(&name));
             }
+            // Forgotten only once the name is gone: until then an RMDIR of
+            // its directory that finds it not empty waits for it.
+            lock(&self.silly).remove(&ino);
         }
     }
 
     /// After RMDIR of `name` in `dir` failed with NOTEMPTY: when the
     /// directory holds files that were removed while open here (renamed
     /// to hidden names, removed at their last release), waits up to
-    /// [`RELEASE_WAIT`] for those releases and returns whether they all
-    /// came, i.e. whether RMDIR is worth trying again. FUSE sends a
-    /// release after close() has returned, so `rm dir/f; rmdir dir` right
-    /// after closing `f` would otherwise fail.
+    /// [`RELEASE_WAIT`] for those releases and their removals; returns
+    /// whether RMDIR is worth trying again (the directory is there and
+    /// nothing of ours is pending in it any more: a hidden name may also
+    /// have gone between the RMDIR and this check). FUSE sends a release
+    /// after close() has returned, so `rm dir/f; rmdir dir` right after
+    /// closing `f` would otherwise fail.
     async fn hidden_files_released(&self, dir: &NfsFh3, name: &[u8]) -> bool {
         let Ok(ok) = self.client.lookup(dir, name).await else {
             return false;
         };
         let child = ok.object;
         let pending = || lock(&self.silly).values().any(|(d, _)| *d == child);
-        if !pending() {
-            return false;
-        }
         let until = tokio::time::Instant::now() + RELEASE_WAIT;
         while pending() {
             if tokio::time::Instant::now() >= until {
@@ -454,19 +456,19 @@ impl Shared {
             .map_err(err)?;
         self.update_wcc(parent, &r.fromdir_wcc);
         // The last release may have come while renaming: it found no
-        // hidden name to remove then, so remove it here. Checked and
-        // recorded under the open-files lock, which `released` takes to
-        // decide it was the last.
+        // hidden name to remove then, so remove it here. Recorded under
+        // the open-files lock, which `released` takes to decide it was the
+        // last, and recorded either way: until the hidden name is gone, an
+        // RMDIR of the directory that finds it not empty waits for it.
         let still_open = {
             let open = lock(&self.open);
-            let still = open.contains_key(&ino);
-            if still {
-                lock(&self.silly).insert(ino, (dir.clone(), hidden.clone()));
-            }
-            still
+            lock(&self.silly).insert(ino, (dir.clone(), hidden.clone()));
+            open.contains_key(&ino)
         };
         if !still_open {
-            let wcc = self.client.remove(dir, &hidden).await.map_err(err)?;
+            let r = self.client.remove(dir, &hidden).await;
+            lock(&self.silly).remove(&ino);
+            let wcc = r.map_err(err)?;
             self.update_wcc(parent, &wcc);
         }
         Ok(true)

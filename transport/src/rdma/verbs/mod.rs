@@ -35,6 +35,13 @@
 //! [`MemoryRegion::to_vec`]), which are serialised between Rust threads.
 //! Ordering between CPU access and device access is the caller's protocol
 //! (e.g. read a receive buffer after its completion was polled).
+//!
+//! Three exceptions hand out shared references, each with a proof that
+//! nothing writes the bytes meanwhile: a region given up as `Bytes`
+//! ([`MemoryRegion::into_bytes`]: deregistered first); a window-only region
+//! lent as `Bytes` ([`MemoryRegion::lend`]: no rkey of its own, no `Sge`,
+//! and no live window holds it, since a window keeps every region it was
+//! bound to until it is deallocated); and arena blocks (see `arena`).
 
 mod arena;
 mod cm;
