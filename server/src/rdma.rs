@@ -942,21 +942,14 @@ impl Conn {
         for c in &call.read_chunks {
             let total = c.total_len() as usize;
             let first = blocks.len();
-            // Landing pieces: a head up to the next block boundary, whole
-            // blocks, a tail.
-            let mut bounds = Vec::new();
-            let mut left = total;
             let head = if c.position != 0 && skew > 0 {
                 BLK - skew
             } else {
                 BLK
             };
-            let mut n = left.min(head);
-            while left > 0 {
+            let bounds = landing_pieces(total, head);
+            for &n in &bounds {
                 blocks.push((class(n), Vec::new()));
-                bounds.push(n);
-                left -= n;
-                n = left.min(BLK);
             }
             let mut piece = first;
             let mut in_piece = 0usize;
@@ -1370,6 +1363,34 @@ impl Conn {
     }
 }
 
+/// How `total` bytes of a Read chunk land: a head of up to `head` bytes
+/// (up to the file's next 64 KiB boundary), 64 KiB pieces, a tail. A head
+/// or tail shorter than 64 KiB lands in pieces of powers of two (from
+/// 4 KiB; the last may be shorter), each in a block of exactly its size:
+/// the store takes whole pages of landing blocks over and keeps each such
+/// block alive whole, so none is left mostly empty.
+fn landing_pieces(total: usize, head: usize) -> Vec<usize> {
+    const BLK: usize = 64 * 1024;
+    const PAGE: usize = 4096;
+    let mut pieces = Vec::new();
+    let mut left = total;
+    let mut span = left.min(head);
+    while left > 0 {
+        let n = if span >= BLK || span <= PAGE {
+            span
+        } else {
+            1 << (usize::BITS - 1 - span.leading_zeros())
+        };
+        pieces.push(n);
+        left -= n;
+        span -= n;
+        if span == 0 {
+            span = left.min(BLK);
+        }
+    }
+    pieces
+}
+
 /// The file offset of an NFSv3 WRITE call, from its inline part (the RPC
 /// header and the arguments up to the data).
 fn write_offset(inline: &Bytes) -> Option<u64> {
@@ -1387,6 +1408,28 @@ fn write_offset(inline: &Bytes) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_chunks_land_in_blocks_they_fill() {
+        const K: usize = 1024;
+        // Aligned records: one piece per 64 KiB, a 4 KiB record alone.
+        assert_eq!(landing_pieces(4 * K, 64 * K), [4 * K]);
+        assert_eq!(landing_pieces(4 * K, 8 * K), [4 * K]);
+        assert_eq!(landing_pieces(128 * K, 64 * K), [64 * K, 64 * K]);
+        // A head up to the next 64 KiB boundary and a tail, in powers of
+        // two (a sub-page remainder last).
+        assert_eq!(
+            landing_pieces(40 * K + 64 * K + 12_345, 40 * K),
+            [32 * K, 8 * K, 64 * K, 8 * K, 4 * K, 57]
+        );
+        assert_eq!(landing_pieces(4097, 64 * K), [4096, 1]);
+        // Every byte exactly once.
+        for (total, head) in [(1, 1), (65_537, 3000), (300_000, 65_536), (12_288, 4096)] {
+            let p = landing_pieces(total, head);
+            assert_eq!(p.iter().sum::<usize>(), total);
+            assert!(p.iter().all(|&n| n > 0 && n <= 64 * K));
+        }
+    }
 
     #[test]
     fn adaptive_polling_signals_every_reply_by_default() {

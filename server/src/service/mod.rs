@@ -263,8 +263,14 @@ impl Service {
     /// The per-procedure report followed by the store's data-path line.
     pub fn report(&self) -> String {
         let (copied, adopted) = self.write_stats();
+        let compacted: u64 = self
+            .exports
+            .iter()
+            .map(|e| e.store.read().compacted_bytes())
+            .sum();
         format!(
-            "{}store: WRITE bytes copied {copied}, taken over without a copy {adopted}\n",
+            "{}store: WRITE bytes copied {copied}, taken over without a copy {adopted}, \
+             file bytes gathered from pages into blocks {compacted}\n",
             self.metrics.report()
         )
     }

@@ -10,7 +10,7 @@
 
 pub mod blocks;
 
-use blocks::{block_size_for, zeros, Block, BlockSource, HeapSource, BLOCK_SIZE};
+use blocks::{block_size_for, zeros, Block, BlockSource, FileBlock, HeapSource, BLOCK_SIZE, PAGE};
 use bytes::Bytes;
 use nfsrdma_xdr::nfs3::{
     access, Fattr3, Ftype3, NfsStat3, NfsTime3, Sattr3, SetTime, SpecData3, WccAttr,
@@ -53,6 +53,91 @@ pub const HANDLE_LEN: usize = 24;
 const HANDLE_MAGIC: [u8; 4] = *b"nRd1";
 /// Cookies 1 and 2 are "." and ".."; entries count from here.
 const FIRST_ENTRY_COOKIE: u64 = 3;
+
+/// WRITE data being taken in, piece by piece.
+struct Source<'a> {
+    parts: &'a [Bytes],
+    part: usize,
+    off: usize,
+}
+
+impl Source<'_> {
+    /// The current piece, when nothing of it was taken yet.
+    fn whole_part(&self) -> Option<&Bytes> {
+        (self.off == 0).then(|| self.parts.get(self.part)).flatten()
+    }
+
+    /// `n` bytes `ahead` of the current position, when they lie in one
+    /// piece.
+    fn peek_at(&self, mut ahead: usize, n: usize) -> Option<&[u8]> {
+        let mut part = self.part;
+        let mut off = self.off;
+        loop {
+            let p = self.parts.get(part)?;
+            let left = p.len() - off;
+            if ahead < left {
+                return p.get(off + ahead..off + ahead + n);
+            }
+            ahead -= left;
+            part += 1;
+            off = 0;
+        }
+    }
+
+    /// `n` bytes at the current position, when they lie in one piece.
+    fn peek(&self, n: usize) -> Option<&[u8]> {
+        self.peek_at(0, n)
+    }
+
+    /// Whether a whole page of `[at, end)` of a block (the data starting
+    /// at `at`) lies in a page of a landing block.
+    fn pages_from(&self, landing: &blocks::LandingBlocks, at: usize, end: usize) -> bool {
+        let mut page = at.div_ceil(PAGE) * PAGE;
+        while page + PAGE <= end {
+            if self
+                .peek_at(page - at, PAGE)
+                .and_then(|d| landing.page_at(d))
+                .is_some()
+            {
+                return true;
+            }
+            page += PAGE;
+        }
+        false
+    }
+
+    /// Moves `n` bytes on.
+    fn skip(&mut self, mut n: usize) {
+        while n > 0 {
+            let left = self.parts[self.part].len() - self.off;
+            let k = left.min(n);
+            self.off += k;
+            n -= k;
+            if self.off == self.parts[self.part].len() {
+                self.part += 1;
+                self.off = 0;
+            }
+        }
+    }
+
+    /// Fills `dst` and moves on by its length.
+    fn copy_to(&mut self, dst: &mut [u8]) {
+        let mut at = 0;
+        while at < dst.len() {
+            let p = &self.parts[self.part];
+            let n = (p.len() - self.off).min(dst.len() - at);
+            dst[at..at + n].copy_from_slice(&p[self.off..self.off + n]);
+            at += n;
+            if n == 0 {
+                // An empty piece.
+                self.part += 1;
+                self.off = 0;
+            } else {
+                self.skip(n);
+            }
+        }
+    }
+}
 
 /// The caller's credentials, after squashing.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -128,7 +213,7 @@ struct Attr {
 #[derive(Debug, Default)]
 struct FileData {
     size: u64,
-    blocks: BTreeMap<u64, Block>,
+    blocks: BTreeMap<u64, FileBlock>,
     /// Bytes of block memory held.
     used: u64,
     /// Verifier of an EXCLUSIVE create, until attributes are set.
@@ -217,6 +302,8 @@ pub struct Fs {
     write_copied: u64,
     /// WRITE bytes whose landing blocks became file blocks (no copy).
     write_adopted: u64,
+    /// Bytes of pages gathered into whole blocks (see `write_blocks`).
+    write_compacted: u64,
 }
 
 /// An in-memory file system shared by the service's workers.
@@ -244,6 +331,7 @@ impl Store {
             handle_key: random_key(),
             write_copied: 0,
             write_adopted: 0,
+            write_compacted: 0,
         };
         let now = now();
         let root = fs
@@ -1054,22 +1142,9 @@ impl Fs {
             let bi = pos / BLOCK_SIZE as u64;
             let in_block = (pos % BLOCK_SIZE as u64) as usize;
             let take = ((end - pos) as usize).min(BLOCK_SIZE - in_block);
-            if self.config.null {
-                out.push(zeros(take));
-            } else {
-                match f.blocks.get(&bi) {
-                    Some(b) => {
-                        let cap = b.capacity();
-                        let from_block = take.min(cap.saturating_sub(in_block));
-                        if from_block > 0 {
-                            out.push(b.slice(in_block..in_block + from_block));
-                        }
-                        if from_block < take {
-                            out.push(zeros(take - from_block));
-                        }
-                    }
-                    None => out.push(zeros(take)),
-                }
+            match f.blocks.get(&bi) {
+                Some(b) if !self.config.null => b.read_into(in_block, take, &mut out),
+                _ => out.push(zeros(take)),
             }
             pos += take as u64;
         }
@@ -1126,76 +1201,127 @@ impl Fs {
         let new_size = f.size.max(end);
         let first = offset / BLOCK_SIZE as u64;
         let last = (end - 1) / BLOCK_SIZE as u64;
-        // Work out the memory needed first, so that NFS3ERR_NOSPC leaves the
-        // file untouched.
+        // Work out the memory needed first (at most), so that NFS3ERR_NOSPC
+        // leaves the file untouched.
         let mut grow = 0u64;
         for bi in first..=last {
-            let end_in_block = ((end - bi * BLOCK_SIZE as u64) as usize).min(BLOCK_SIZE);
-            let want = block_size_for(new_size, end_in_block);
-            let have = f.blocks.get(&bi).map_or(0, Block::capacity);
-            if want > have {
-                grow += (want - have) as u64;
-            }
+            let block_start = bi * BLOCK_SIZE as u64;
+            let in_block = (offset.max(block_start) - block_start) as usize;
+            let end_in_block = ((end - block_start) as usize).min(BLOCK_SIZE);
+            grow += match f.blocks.get(&bi) {
+                Some(FileBlock::Pages(_)) => {
+                    ((end_in_block.div_ceil(PAGE) - in_block / PAGE) * PAGE) as u64
+                }
+                b => {
+                    let want = block_size_for(new_size, end_in_block);
+                    let have = b.map_or(0, FileBlock::pinned);
+                    want.saturating_sub(have) as u64
+                }
+            };
         }
         if used_now + grow > capacity {
             return Err(NfsStat3::Nospc);
         }
-        let mut src_part = 0usize;
-        let mut src_off = 0usize;
-        let parts = data.parts();
         let landing = data
             .attachment()
             .and_then(|a| a.downcast_ref::<blocks::LandingBlocks>());
+        let mut src = Source {
+            parts: data.parts(),
+            part: 0,
+            off: 0,
+        };
+        let source = self.source.as_ref();
         let mut pos = offset;
         for bi in first..=last {
             let block_start = bi * BLOCK_SIZE as u64;
             let in_block = (pos - block_start) as usize;
             let end_in_block = ((end - block_start) as usize).min(BLOCK_SIZE);
             let want = block_size_for(new_size, end_in_block);
-            let old_cap = f.blocks.get(&bi).map_or(0, Block::capacity);
-            // A whole block of data that arrived in a registered block of
-            // its own (an RDMA Read landed it there): take that block over
-            // instead of copying it.
-            if in_block == 0 && end_in_block == BLOCK_SIZE && want == BLOCK_SIZE && src_off == 0 {
-                if let Some(b) = landing.and_then(|l| l.whole_block(&parts[src_part])) {
-                    f.blocks.insert(bi, b.clone());
-                    f.used = f.used + BLOCK_SIZE as u64 - old_cap as u64;
-                    self.used_bytes = self.used_bytes + BLOCK_SIZE as u64 - old_cap as u64;
-                    self.write_adopted += BLOCK_SIZE as u64;
-                    src_part += 1;
-                    pos = block_start + BLOCK_SIZE as u64;
-                    continue;
+            let old = f.blocks.remove(&bi);
+            let old_pinned = old.as_ref().map_or(0, FileBlock::pinned) as u64;
+            let new = if let Some(b) = landing.and_then(|l| {
+                // A whole block of data that arrived in a registered block
+                // of its own (an RDMA Read landed it there): that block
+                // becomes the file's.
+                (in_block == 0 && end_in_block == BLOCK_SIZE && want == BLOCK_SIZE)
+                    .then(|| src.whole_part().and_then(|p| l.whole_block(p)))
+                    .flatten()
+            }) {
+                src.skip(BLOCK_SIZE);
+                self.write_adopted += BLOCK_SIZE as u64;
+                FileBlock::Whole(b.clone())
+            } else if matches!(old, Some(FileBlock::Pages(_)))
+                || landing.is_some_and(|l| {
+                    // (A block of the file's own that can be written in
+                    // place is: that costs one copy and keeps it whole.)
+                    !matches!(&old, Some(FileBlock::Whole(b)) if !b.is_shared())
+                        && src.pages_from(l, in_block, end_in_block)
+                })
+            {
+                // Whole pages that landed in pages of landing blocks become
+                // the file's pages; the rest is written page by page.
+                let mut pages = old.map_or_else(Box::default, FileBlock::into_pages);
+                let mut at = in_block;
+                while at < end_in_block {
+                    let pi = at / PAGE;
+                    let page_end = ((pi + 1) * PAGE).min(end_in_block);
+                    let whole_page = at == pi * PAGE && page_end == (pi + 1) * PAGE;
+                    if let Some(p) = landing
+                        .filter(|_| whole_page)
+                        .and_then(|l| src.peek(PAGE).and_then(|d| l.page_at(d)))
+                    {
+                        pages[pi] = Some(p);
+                        src.skip(PAGE);
+                        self.write_adopted += PAGE as u64;
+                    } else {
+                        let mut page = match pages[pi].take() {
+                            Some(p) if !p.is_shared() => p,
+                            Some(p) => p.copy_resized(source, PAGE, PAGE).ok_or(NfsStat3::Nospc)?,
+                            None => Block::new(source, PAGE).ok_or(NfsStat3::Nospc)?,
+                        };
+                        let dst = page.get_mut().expect("page is unique here");
+                        let n = page_end - at;
+                        src.copy_to(&mut dst[at % PAGE..at % PAGE + n]);
+                        self.write_copied += n as u64;
+                        pages[pi] = Some(page);
+                    }
+                    at = page_end;
                 }
-            }
-            let mut block = match f.blocks.remove(&bi) {
-                None => Block::new(self.source.as_ref(), want).ok_or(NfsStat3::Nospc)?,
-                Some(b) if b.capacity() < want || b.is_shared() => {
-                    // Grow a small block, or copy one a reader still holds.
-                    let size = want.max(b.capacity());
-                    b.copy_resized(self.source.as_ref(), size, b.capacity())
-                        .ok_or(NfsStat3::Nospc)?
+                let b = FileBlock::from_pages(pages);
+                if b.pinned() > BLOCK_SIZE {
+                    // Pages that keep more memory alive than a whole block
+                    // would (landing blocks most of whose pages were
+                    // overwritten since) are gathered into one.
+                    let mut whole = Block::new(source, BLOCK_SIZE).ok_or(NfsStat3::Nospc)?;
+                    let c = b.contents();
+                    whole.get_mut().expect("fresh block")[..c.len()].copy_from_slice(&c);
+                    self.write_compacted += c.len() as u64;
+                    FileBlock::Whole(whole)
+                } else {
+                    b
                 }
-                Some(b) => b,
+            } else {
+                let mut block = match old {
+                    None => Block::new(source, want).ok_or(NfsStat3::Nospc)?,
+                    Some(FileBlock::Whole(b)) if b.capacity() < want || b.is_shared() => {
+                        // Grow a small block, or copy one a reader still holds.
+                        let size = want.max(b.capacity());
+                        b.copy_resized(source, size, b.capacity())
+                            .ok_or(NfsStat3::Nospc)?
+                    }
+                    Some(FileBlock::Whole(b)) => b,
+                    Some(FileBlock::Pages(_)) => unreachable!("paged blocks are written above"),
+                };
+                let dst = block.get_mut().expect("block is unique here");
+                src.copy_to(&mut dst[in_block..end_in_block]);
+                self.write_copied += (end_in_block - in_block) as u64;
+                FileBlock::Whole(block)
             };
-            let dst = block.get_mut().expect("block is unique here");
-            let mut at = in_block;
-            while at < end_in_block {
-                let p = &parts[src_part];
-                let n = (p.len() - src_off).min(end_in_block - at);
-                dst[at..at + n].copy_from_slice(&p[src_off..src_off + n]);
-                self.write_copied += n as u64;
-                at += n;
-                src_off += n;
-                if src_off == p.len() {
-                    src_part += 1;
-                    src_off = 0;
-                }
-            }
-            let new_cap = block.capacity() as u64;
-            f.used = f.used + new_cap - old_cap as u64;
-            self.used_bytes = self.used_bytes + new_cap - old_cap as u64;
+            let new_pinned = new.pinned() as u64;
+            f.used = f.used + new_pinned - old_pinned;
+            self.used_bytes = self.used_bytes + new_pinned - old_pinned;
             pos = block_start + end_in_block as u64;
-            f.blocks.insert(bi, block);
+            f.blocks.insert(bi, new);
         }
         debug_assert_eq!(pos, end);
         Ok(())
@@ -1220,21 +1346,39 @@ impl Fs {
             // extension reads zeros there.
             let tail = (size % BLOCK_SIZE as u64) as usize;
             if tail > 0 {
-                if let Some(b) = f.blocks.get_mut(&(keep_blocks - 1)) {
-                    if tail < b.capacity() {
+                let source = self.source.as_ref();
+                match f.blocks.get_mut(&(keep_blocks - 1)) {
+                    Some(FileBlock::Whole(b)) if tail < b.capacity() => {
                         if b.is_shared() {
-                            let copy = b
-                                .copy_resized(self.source.as_ref(), b.capacity(), tail)
+                            *b = b
+                                .copy_resized(source, b.capacity(), tail)
                                 .ok_or(NfsStat3::Nospc)?;
-                            *b = copy;
                         } else {
                             b.get_mut().expect("unique")[tail..].fill(0);
                         }
                     }
+                    Some(FileBlock::Pages(pages)) => {
+                        let cut = tail.div_ceil(PAGE);
+                        for p in pages[cut..].iter_mut() {
+                            *p = None;
+                        }
+                        if !tail.is_multiple_of(PAGE) {
+                            if let Some(p) = &mut pages[cut - 1] {
+                                let keep = tail % PAGE;
+                                if p.get_mut().is_none() {
+                                    *p = p
+                                        .copy_resized(source, PAGE, keep)
+                                        .ok_or(NfsStat3::Nospc)?;
+                                }
+                                p.get_mut().expect("unique")[keep..].fill(0);
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
             let before = f.used;
-            f.used = f.blocks.values().map(|b| b.capacity() as u64).sum();
+            f.used = f.blocks.values().map(|b| b.pinned() as u64).sum();
             self.used_bytes = self.used_bytes - before + f.used;
         }
         f.size = size;
@@ -1250,6 +1394,13 @@ impl Fs {
     /// copy) since the store was created.
     pub fn write_stats(&self) -> (u64, u64) {
         (self.write_copied, self.write_adopted)
+    }
+
+    /// Bytes of file pages gathered into whole blocks since the store was
+    /// created: pages of landing blocks that kept more memory alive than a
+    /// whole block would, once most of their neighbours were overwritten.
+    pub fn compacted_bytes(&self) -> u64 {
+        self.write_compacted
     }
 
     /// (total bytes, free bytes, total inodes, free inodes).

@@ -130,7 +130,7 @@ impl Fs {
                     w.u32(f.blocks.len() as u32)?;
                     for (idx, b) in &f.blocks {
                         w.u64(*idx)?;
-                        w.bytes(b.as_slice())?;
+                        w.bytes(&b.contents())?;
                     }
                 }
                 Content::Dir(d) => {
@@ -196,6 +196,7 @@ impl Store {
             source,
             handle_key,
             write_copied: 0,
+            write_compacted: 0,
             write_adopted: 0,
         };
         for idx in 0..nslots {
@@ -283,7 +284,7 @@ fn read_inode<T: Read>(
                     Block::new(fs.source.as_ref(), data.len()).ok_or(SnapshotError::Capacity)?;
                 b.get_mut().expect("fresh block").copy_from_slice(&data);
                 used += data.len() as u64;
-                blocks.insert(idx, b);
+                blocks.insert(idx, FileBlock::Whole(b));
             }
             fs.used_bytes += used;
             Content::File(FileData {

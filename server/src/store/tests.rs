@@ -710,6 +710,205 @@ fn whole_landing_blocks_are_taken_over_instead_of_copied() {
     );
 }
 
+/// `n` landing blocks of `size` bytes, block `i` filled with `fill + i`.
+fn landing_blocks(n: usize, size: usize, fill: u8) -> Vec<Block> {
+    (0..n)
+        .map(|i| {
+            let mut b = Block::new(&HeapSource, size).unwrap();
+            b.get_mut().unwrap().fill(fill + i as u8);
+            b
+        })
+        .collect()
+}
+
+/// WRITE data that landed in `blocks` (`len` bytes of each).
+fn landed(blocks: &[Block], len: usize) -> Payload {
+    Payload::from_parts(blocks.iter().map(|b| b.slice(0..len)))
+        .with_attachment(std::sync::Arc::new(blocks::LandingBlocks(blocks.to_vec())))
+}
+
+#[test]
+fn landed_pages_become_file_pages_without_a_copy() {
+    use blocks::{BLOCK_SIZE, PAGE};
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    // 4 KiB records, each landed in a page-sized block of its own, written
+    // out of order into a new file: every byte is taken over.
+    let pages = landing_blocks(20, PAGE, 1);
+    for i in [
+        3usize, 0, 1, 2, 19, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+    ] {
+        fs.write(
+            f,
+            &Cred::root(),
+            (i * PAGE) as u64,
+            &landed(&pages[i..=i], PAGE),
+        )
+        .unwrap();
+    }
+    assert_eq!(fs.write_stats(), (0, 20 * PAGE as u64));
+    let a = fs.getattr(f).unwrap();
+    assert_eq!((a.size, a.used), (20 * PAGE as u64, 20 * PAGE as u64));
+    // Reads hand out the landing memory itself.
+    let (r, eof) = fs.read(f, &Cred::root(), 0, 20 * PAGE as u32).unwrap();
+    assert!(eof);
+    assert_eq!(r.parts().len(), 20);
+    for (i, part) in r.parts().iter().enumerate() {
+        assert_eq!(part.as_ptr(), pages[i].as_slice().as_ptr());
+        assert!(part.iter().all(|b| *b == 1 + i as u8));
+    }
+    drop(r);
+    // A byte written into a page whose landing block is still held
+    // elsewhere goes into a private copy of the page: the landing memory
+    // (and any reader of it) never changes.
+    write(&mut fs, f, (PAGE + 10) as u64, b"z");
+    assert_eq!(fs.write_stats().0, 1);
+    assert!(pages[1].as_slice().iter().all(|b| *b == 2));
+    let (got, _) = read(&fs, f, PAGE as u64 + 9, 3);
+    assert_eq!(got, vec![2, b'z', 2]);
+    // Rewriting a page with newly landed data replaces it.
+    let again = landing_blocks(1, PAGE, 100);
+    fs.write(f, &Cred::root(), PAGE as u64, &landed(&again, PAGE))
+        .unwrap();
+    assert_eq!(fs.write_stats(), (1, 21 * PAGE as u64));
+    assert_eq!(read(&fs, f, PAGE as u64 + 9, 3).0, vec![100; 3]);
+    // Truncating into a page zeroes its tail in a copy, not in the landing
+    // block; extending again reads zeros there.
+    fs.setattr(
+        f,
+        &Cred::root(),
+        &Sattr3 {
+            size: Some((2 * PAGE + 100) as u64),
+            ..Sattr3::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert!(pages[2].as_slice().iter().all(|b| *b == 3));
+    write(&mut fs, f, (BLOCK_SIZE - 1) as u64, b"e");
+    let (got, _) = read(&fs, f, 2 * PAGE as u64 + 98, 4);
+    assert_eq!(got, vec![3, 3, 0, 0]);
+    let a = fs.getattr(f).unwrap();
+    assert_eq!(a.size, BLOCK_SIZE as u64);
+    assert_eq!(a.used, 4 * PAGE as u64, "pages 0-2 and the last one");
+}
+
+#[test]
+fn adjacent_pages_of_one_landing_block_read_as_one_piece() {
+    use blocks::{BLOCK_SIZE, PAGE};
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    // 12 KiB landed in a 16 KiB block, written at 8 KiB: three pages of one
+    // buffer, which keeps its 16 KiB alive.
+    let b = landing_blocks(1, 16 * 1024, 7);
+    fs.write(f, &Cred::root(), 2 * PAGE as u64, &landed(&b, 3 * PAGE))
+        .unwrap();
+    assert_eq!(fs.write_stats(), (0, 3 * PAGE as u64));
+    assert_eq!(fs.getattr(f).unwrap().used, 16 * 1024);
+    let (r, _) = fs.read(f, &Cred::root(), 0, 5 * PAGE as u32).unwrap();
+    let lens: Vec<usize> = r.parts().iter().map(|p| p.len()).collect();
+    assert_eq!(lens, vec![2 * PAGE, 3 * PAGE]);
+    assert_eq!(r.parts()[1].as_ptr(), b[0].as_slice().as_ptr());
+    // Sixteen pages in order of one 64 KiB landing block are one whole
+    // block again.
+    let whole = landing_blocks(1, BLOCK_SIZE, 30);
+    let head = whole[0].slice(0..PAGE);
+    let rest = whole[0].slice(PAGE..BLOCK_SIZE);
+    let g = mkfile(&mut fs, root, "g");
+    let p = Payload::from_parts([head, rest])
+        .with_attachment(std::sync::Arc::new(blocks::LandingBlocks(whole.clone())));
+    fs.write(g, &Cred::root(), 0, &p).unwrap();
+    let (r, _) = fs.read(g, &Cred::root(), 0, BLOCK_SIZE as u32).unwrap();
+    assert_eq!(r.parts().len(), 1);
+    assert_eq!(fs.getattr(g).unwrap().used, BLOCK_SIZE as u64);
+}
+
+#[test]
+fn pages_that_pin_more_than_a_block_are_gathered_into_one() {
+    use blocks::{BLOCK_SIZE, PAGE};
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    // 60 KiB landed in a 64 KiB block at 4 KiB: fifteen pages of it.
+    let big = landing_blocks(1, BLOCK_SIZE, 1);
+    fs.write(
+        f,
+        &Cred::root(),
+        PAGE as u64,
+        &landed(&big, BLOCK_SIZE - PAGE),
+    )
+    .unwrap();
+    assert_eq!(fs.getattr(f).unwrap().used, BLOCK_SIZE as u64);
+    assert_eq!(fs.compacted_bytes(), 0);
+    // A landed page over one of them: the big block is still alive for the
+    // other fourteen, and 68 KiB would be kept for 60 KiB of data.
+    let small = landing_blocks(1, PAGE, 50);
+    fs.write(f, &Cred::root(), (3 * PAGE) as u64, &landed(&small, PAGE))
+        .unwrap();
+    assert_eq!(fs.getattr(f).unwrap().used, BLOCK_SIZE as u64);
+    assert!(fs.compacted_bytes() >= (BLOCK_SIZE - PAGE) as u64);
+    let (all, _) = read(&fs, f, 0, BLOCK_SIZE as u32);
+    assert!(all[..PAGE].iter().all(|b| *b == 0));
+    assert!(all[PAGE..3 * PAGE].iter().all(|b| *b == 1));
+    assert!(all[3 * PAGE..4 * PAGE].iter().all(|b| *b == 50));
+    assert!(all[4 * PAGE..].iter().all(|b| *b == 1));
+    // Removing the file gives all of it back.
+    fs.remove(root, b"f", &Cred::root()).unwrap();
+    assert_eq!(fs.fsstat().1, fs.fsstat().0);
+}
+
+#[test]
+fn a_block_of_the_files_own_is_written_in_place_not_cut_into_pages() {
+    use blocks::{BLOCK_SIZE, PAGE};
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, &vec![5u8; BLOCK_SIZE]);
+    let p = landing_blocks(1, PAGE, 6);
+    fs.write(f, &Cred::root(), PAGE as u64, &landed(&p, PAGE))
+        .unwrap();
+    assert_eq!(fs.write_stats(), (BLOCK_SIZE as u64 + PAGE as u64, 0));
+    let (r, _) = fs.read(f, &Cred::root(), 0, BLOCK_SIZE as u32).unwrap();
+    assert_eq!(r.parts().len(), 1);
+    assert_eq!(fs.compacted_bytes(), 0);
+}
+
+#[test]
+fn snapshot_keeps_paged_file_data() {
+    use blocks::PAGE;
+    let s = store();
+    {
+        let mut fs = s.write();
+        let root = fs.root();
+        let f = mkfile(&mut fs, root, "f");
+        let pages = landing_blocks(2, PAGE, 1);
+        fs.write(f, &Cred::root(), 0, &landed(&pages[..1], PAGE))
+            .unwrap();
+        fs.write(
+            f,
+            &Cred::root(),
+            5 * PAGE as u64,
+            &landed(&pages[1..], PAGE),
+        )
+        .unwrap();
+    }
+    let mut buf = Vec::new();
+    s.snapshot(&mut buf).unwrap();
+    let t = Store::restore(StoreConfig::default(), Box::new(HeapSource), &mut &buf[..]).unwrap();
+    let fs = t.read();
+    let f = fs.lookup(fs.root(), b"f", &Cred::root()).unwrap();
+    let (all, _) = read(&fs, f, 0, 6 * PAGE as u32);
+    assert!(all[..PAGE].iter().all(|b| *b == 1));
+    assert!(all[PAGE..5 * PAGE].iter().all(|b| *b == 0));
+    assert!(all[5 * PAGE..].iter().all(|b| *b == 2));
+}
+
 #[test]
 fn snapshot_restores_tree_data_handles_and_cookies() {
     let s = store();
@@ -804,4 +1003,120 @@ fn snapshot_restores_tree_data_handles_and_cookies() {
     let mut cut = buf.clone();
     cut.truncate(buf.len() / 2);
     assert!(Store::restore(StoreConfig::default(), Box::new(HeapSource), &mut &cut[..]).is_err());
+}
+
+/// WRITE data as the RDMA transport lands it: a head up to the next
+/// 64 KiB boundary of the file, then 64 KiB pieces, each in a block of its
+/// own (a power of two of at least 4 KiB).
+fn land_like_rdma(offset: u64, data: &[u8]) -> Payload {
+    use blocks::BLOCK_SIZE;
+    let skew = (offset % BLOCK_SIZE as u64) as usize;
+    let mut n = data.len().min(BLOCK_SIZE - skew);
+    let mut at = 0;
+    let mut blocks = Vec::new();
+    let mut parts = Vec::new();
+    while at < data.len() {
+        let size = n.max(4096).next_power_of_two().min(BLOCK_SIZE);
+        let mut b = Block::new(&HeapSource, size).unwrap();
+        b.get_mut().unwrap()[..n].copy_from_slice(&data[at..at + n]);
+        parts.push(b.slice(0..n));
+        blocks.push(b);
+        at += n;
+        n = (data.len() - at).min(BLOCK_SIZE);
+    }
+    Payload::from_parts(parts).with_attachment(std::sync::Arc::new(blocks::LandingBlocks(blocks)))
+}
+
+#[derive(Debug, Clone)]
+enum DataOp {
+    Write { off: u64, len: usize, landed: bool },
+    Truncate(u64),
+    Read { off: u64, len: u32, hold: bool },
+}
+
+fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
+    use proptest::prelude::*;
+    // Offsets and lengths mostly in whole pages, as clients send them.
+    let off = prop_oneof![
+        3 => (0u64..64).prop_map(|p| p * 4096),
+        1 => 0u64..(256 << 10),
+    ];
+    let len = prop_oneof![
+        3 => (1usize..40).prop_map(|p| p * 4096),
+        1 => 1usize..(150 << 10),
+    ];
+    prop_oneof![
+        6 => (off.clone(), len, any::<bool>())
+            .prop_map(|(off, len, landed)| DataOp::Write { off, len, landed }),
+        1 => (0u64..(300 << 10)).prop_map(DataOp::Truncate),
+        3 => (off, 1u32..(200 << 10), any::<bool>())
+            .prop_map(|(off, len, hold)| DataOp::Read { off, len, hold }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Any mix of landed and copied writes, truncations and reads (some of
+    /// them held on to, as a reply being sent is) reads back as a plain
+    /// byte array would, held reads never change, and removing the file
+    /// gives back all its memory.
+    #[test]
+    fn file_data_behaves_as_a_byte_array(ops in proptest::collection::vec(data_op(), 1..40)) {
+        let s = store();
+        let mut fs = s.write();
+        let root = fs.root();
+        let f = mkfile(&mut fs, root, "f");
+        let mut model: Vec<u8> = Vec::new();
+        let mut held: Vec<(Payload, Vec<u8>)> = Vec::new();
+        let mut fill = 0u8;
+        for op in ops {
+            match op {
+                DataOp::Write { off, len, landed } => {
+                    fill = fill.wrapping_add(1).max(1);
+                    let data: Vec<u8> = (0..len).map(|i| fill ^ (i / 4096) as u8).collect();
+                    let p = if landed {
+                        land_like_rdma(off, &data)
+                    } else {
+                        Payload::from(data.clone())
+                    };
+                    fs.write(f, &Cred::root(), off, &p).unwrap();
+                    let end = off as usize + len;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].copy_from_slice(&data);
+                }
+                DataOp::Truncate(size) => {
+                    let sa = Sattr3 { size: Some(size), ..Sattr3::default() };
+                    fs.setattr(f, &Cred::root(), &sa, None).unwrap();
+                    model.resize(size as usize, 0);
+                }
+                DataOp::Read { off, len, hold } => {
+                    let (r, eof) = fs.read(f, &Cred::root(), off, len).unwrap();
+                    let start = (off as usize).min(model.len());
+                    let end = (off as usize + len as usize).min(model.len());
+                    let want = model[start..end].to_vec();
+                    proptest::prop_assert_eq!(r.bytes().collect::<Vec<u8>>(), want.clone());
+                    proptest::prop_assert_eq!(eof, end == model.len());
+                    if hold {
+                        held.push((r, want));
+                    }
+                }
+            }
+            let a = fs.getattr(f).unwrap();
+            proptest::prop_assert_eq!(a.size, model.len() as u64);
+            // Never more than a whole block of memory per 64 KiB stretch
+            // written, plus landing blocks' unused tails.
+            proptest::prop_assert!(a.used <= (model.len() as u64).div_ceil(65536) * 65536 * 2);
+        }
+        for (r, want) in &held {
+            proptest::prop_assert_eq!(&r.bytes().collect::<Vec<u8>>(), want);
+        }
+        let (all, _) = read(&fs, f, 0, model.len() as u32 + 1);
+        proptest::prop_assert!(all == model, "final contents differ");
+        fs.remove(root, b"f", &Cred::root()).unwrap();
+        let (total, free, _, _) = fs.fsstat();
+        proptest::prop_assert_eq!(total, free);
+    }
 }
