@@ -1,6 +1,8 @@
 //! nfsrdmad refuses bad settings before it starts serving: a clear message
 //! naming the flag, a non-zero exit, no listener left behind.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -59,10 +61,63 @@ fn bad_rdma_settings_are_refused_by_name() {
             "--inline must be a multiple of 1K",
         ),
         (&["--poll", "sometimes"][..], "--poll"),
+        (
+            &["--max-io", "6000"][..],
+            "--max-io must be a multiple of 4K between 4K and 1M",
+        ),
+        (
+            &["--max-io", "2M"][..],
+            "--max-io must be a multiple of 4K between 4K and 1M",
+        ),
+        (&["--max-io", "lots"][..], "--max-io"),
     ] {
         let (ok, err) = run(args);
         assert!(!ok, "{args:?} accepted");
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// `--max-io` is what FSINFO offers clients as the largest READ and WRITE.
+#[test]
+fn max_io_is_offered_in_fsinfo() {
+    use nfsrdma_xdr::nfs3::{FsRootArgs, Nfs3Args, Nfs3Res, NfsResult};
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args([
+            "--export",
+            "/export",
+            "--tcp",
+            "127.0.0.1:0",
+            "--no-rpcbind",
+            "--no-rdma",
+            "--max-io",
+            "64K",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nfsrdmad");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let mut c = common::RawClient::connect(addr);
+    let root = c.mount("/export");
+    let r = c.nfs(Nfs3Args::Fsinfo(FsRootArgs { fsroot: root }));
+    let _ = child.kill();
+    let _ = child.wait();
+    match r {
+        Nfs3Res::Fsinfo(NfsResult::Ok(i)) => {
+            assert_eq!((i.rtmax, i.wtmax), (64 << 10, 64 << 10));
+            assert!(i.rtpref <= i.rtmax && i.wtpref <= i.wtmax, "{i:?}");
+        }
+        other => panic!("FSINFO: {other:?}"),
     }
 }

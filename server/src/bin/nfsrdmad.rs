@@ -77,6 +77,11 @@ struct Args {
     /// Largest RPC record accepted on TCP (K, M suffixes) [default: 1088K].
     #[arg(long, value_name = "SIZE")]
     max_record: Option<String>,
+    /// Largest READ and WRITE, offered to clients in FSINFO (their rsize
+    /// and wsize at most): a multiple of 4K up to 1M (K, M suffixes)
+    /// [default: 1M].
+    #[arg(long, value_name = "SIZE")]
+    max_io: Option<String>,
 }
 
 /// The TOML configuration: the same settings as the flags.
@@ -97,6 +102,7 @@ struct Config {
     max_inodes: Option<u64>,
     workers: Option<usize>,
     max_record: Option<String>,
+    max_io: Option<String>,
     state: Option<PathBuf>,
 }
 
@@ -180,13 +186,24 @@ fn main() -> Result<()> {
             bail!("--max-record must be at least 4K");
         }
     }
+    let mut service_config = ServiceConfig::default();
+    if let Some(s) = args.max_io.as_ref().or(cfg.max_io.as_ref()) {
+        let n = parse_size(s).context("--max-io")?;
+        if !(4096..=1 << 20).contains(&n) || n % 4096 != 0 {
+            bail!("--max-io must be a multiple of 4K between 4K and 1M (got {s})");
+        }
+        service_config.max_io = n as u32;
+    }
     let addr = args
         .tcp
         .or(cfg.tcp)
         .unwrap_or_else(|| "0.0.0.0:2049".parse().expect("valid address"));
     let use_rpcbind = !args.no_rpcbind && cfg.rpcbind.unwrap_or(true);
 
-    let mut rdma = RdmaConfig::default();
+    let mut rdma = RdmaConfig {
+        max_io: service_config.max_io,
+        ..RdmaConfig::default()
+    };
     let rdma_explicit = args.rdma.or(cfg.rdma);
     if let Some(a) = rdma_explicit {
         rdma.addr = a;
@@ -258,7 +275,7 @@ fn main() -> Result<()> {
     for e in &exports {
         tracing::info!(path = %e.path, fsid = e.store.fsid(), "export");
     }
-    let service = Arc::new(Service::new(exports, ServiceConfig::default()));
+    let service = Arc::new(Service::new(exports, service_config));
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -54,6 +54,22 @@ const HANDLE_MAGIC: [u8; 4] = *b"nRd1";
 /// Cookies 1 and 2 are "." and ".."; entries count from here.
 const FIRST_ENTRY_COOKIE: u64 = 3;
 
+/// A block as it should be kept: pages that keep more than twice the
+/// memory of a whole block alive (landing blocks most of whose pages were
+/// overwritten or cut off since) are gathered into one block, a copy
+/// counted in `gathered`. Pages landed over one block never get there: a
+/// buffer stays alive, whole, only while some page of it is left.
+fn settle(b: FileBlock, source: &dyn BlockSource, gathered: &mut u64) -> SResult<FileBlock> {
+    if b.pinned() <= 2 * BLOCK_SIZE {
+        return Ok(b);
+    }
+    let mut whole = Block::new(source, BLOCK_SIZE).ok_or(NfsStat3::Nospc)?;
+    let c = b.contents();
+    whole.get_mut().expect("fresh block")[..c.len()].copy_from_slice(&c);
+    *gathered += c.len() as u64;
+    Ok(FileBlock::Whole(whole))
+}
+
 /// WRITE data being taken in, piece by piece.
 struct Source<'a> {
     parts: &'a [Bytes],
@@ -1251,12 +1267,7 @@ impl Fs {
                 self.write_adopted += BLOCK_SIZE as u64;
                 FileBlock::Whole(b.clone())
             } else if matches!(old, Some(FileBlock::Pages(_)))
-                || landing.is_some_and(|l| {
-                    // (A block of the file's own that can be written in
-                    // place is: that costs one copy and keeps it whole.)
-                    !matches!(&old, Some(FileBlock::Whole(b)) if !b.is_shared())
-                        && src.pages_from(l, in_block, end_in_block)
-                })
+                || landing.is_some_and(|l| src.pages_from(l, in_block, end_in_block))
             {
                 // Whole pages that landed in pages of landing blocks become
                 // the file's pages; the rest is written page by page.
@@ -1287,19 +1298,11 @@ impl Fs {
                     }
                     at = page_end;
                 }
-                let b = FileBlock::from_pages(pages);
-                if b.pinned() > BLOCK_SIZE {
-                    // Pages that keep more memory alive than a whole block
-                    // would (landing blocks most of whose pages were
-                    // overwritten since) are gathered into one.
-                    let mut whole = Block::new(source, BLOCK_SIZE).ok_or(NfsStat3::Nospc)?;
-                    let c = b.contents();
-                    whole.get_mut().expect("fresh block")[..c.len()].copy_from_slice(&c);
-                    self.write_compacted += c.len() as u64;
-                    FileBlock::Whole(whole)
-                } else {
-                    b
-                }
+                settle(
+                    FileBlock::from_pages(pages),
+                    source,
+                    &mut self.write_compacted,
+                )?
             } else {
                 let mut block = match old {
                     None => Block::new(source, want).ok_or(NfsStat3::Nospc)?,
@@ -1375,6 +1378,10 @@ impl Fs {
                         }
                     }
                     _ => {}
+                }
+                if let Some(b) = f.blocks.remove(&(keep_blocks - 1)) {
+                    let b = settle(b, source, &mut self.write_compacted)?;
+                    f.blocks.insert(keep_blocks - 1, b);
                 }
             }
             let before = f.used;
