@@ -928,10 +928,10 @@ impl Conn {
     /// smaller one for a short tail): the data reaches the decoder, and the
     /// store, without being copied on the way.
     fn start_reads(&mut self, call: IncomingCall) -> Result<(), ConnError> {
+        use crate::store::blocks::BLOCK_SIZE as BLK;
         let chunk = self.free_chunks.pop().expect("checked by drain_queue()");
         let id = self.next_call;
         self.next_call += 1;
-        const BLK: usize = 64 * 1024;
         let class = |n: usize| n.max(4096).next_power_of_two().min(BLK);
         // A WRITE's data lands so that its file blocks line up with landing
         // blocks: the store can then take whole landing blocks over.
@@ -1370,8 +1370,7 @@ impl Conn {
 /// the store takes whole pages of landing blocks over and keeps each such
 /// block alive whole, so none is left mostly empty.
 fn landing_pieces(total: usize, head: usize) -> Vec<usize> {
-    const BLK: usize = 64 * 1024;
-    const PAGE: usize = 4096;
+    use crate::store::blocks::{BLOCK_SIZE as BLK, PAGE};
     let mut pieces = Vec::new();
     let mut left = total;
     let mut span = left.min(head);

@@ -6,18 +6,24 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// nfsrdmad exporting /export on a free loopback port, with `args`.
+fn nfsrdmad(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"));
+    c.args([
+        "--export",
+        "/export",
+        "--tcp",
+        "127.0.0.1:0",
+        "--no-rpcbind",
+    ])
+    .args(args);
+    c
+}
+
 /// Runs nfsrdmad with `args`; returns (exited with success, stderr). Kills
 /// it after 20 s (a daemon that accepted the flags would run on).
 fn run(args: &[&str]) -> (bool, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
-        .args([
-            "--export",
-            "/export",
-            "--tcp",
-            "127.0.0.1:0",
-            "--no-rpcbind",
-        ])
-        .args(args)
+    let mut child = nfsrdmad(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -83,17 +89,7 @@ fn bad_rdma_settings_are_refused_by_name() {
 fn max_io_is_offered_in_fsinfo() {
     use nfsrdma_xdr::nfs3::{FsRootArgs, Nfs3Args, Nfs3Res, NfsResult};
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
-        .args([
-            "--export",
-            "/export",
-            "--tcp",
-            "127.0.0.1:0",
-            "--no-rpcbind",
-            "--no-rdma",
-            "--max-io",
-            "64K",
-        ])
+    let mut child = nfsrdmad(&["--no-rdma", "--max-io", "64K"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

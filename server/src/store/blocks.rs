@@ -243,17 +243,14 @@ impl FileBlock {
     pub fn pinned(&self) -> usize {
         match self {
             FileBlock::Whole(b) => b.memory_size(),
-            FileBlock::Pages(pages) => {
-                let mut seen: Vec<&Block> = Vec::new();
-                let mut total = 0;
-                for p in pages.iter().flatten() {
-                    if !seen.iter().any(|s| s.same_memory(p)) {
-                        total += p.memory_size();
-                        seen.push(p);
-                    }
-                }
-                total
-            }
+            // Each buffer counts at its first page.
+            FileBlock::Pages(pages) => pages
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| Some((i, p.as_ref()?)))
+                .filter(|(i, p)| !pages[..*i].iter().flatten().any(|q| q.same_memory(p)))
+                .map(|(_, p)| p.memory_size())
+                .sum(),
         }
     }
 

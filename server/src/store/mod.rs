@@ -318,7 +318,7 @@ pub struct Fs {
     write_copied: u64,
     /// WRITE bytes whose landing blocks became file blocks (no copy).
     write_adopted: u64,
-    /// Bytes of pages gathered into whole blocks (see `write_blocks`).
+    /// Bytes of pages gathered into whole blocks (see `settle`).
     write_compacted: u64,
 }
 
@@ -1368,7 +1368,7 @@ impl Fs {
                         if !tail.is_multiple_of(PAGE) {
                             if let Some(p) = &mut pages[cut - 1] {
                                 let keep = tail % PAGE;
-                                if p.get_mut().is_none() {
+                                if p.is_shared() {
                                     *p = p
                                         .copy_resized(source, PAGE, keep)
                                         .ok_or(NfsStat3::Nospc)?;
@@ -1404,8 +1404,8 @@ impl Fs {
     }
 
     /// Bytes of file pages gathered into whole blocks since the store was
-    /// created: pages of landing blocks that kept more memory alive than a
-    /// whole block would, once most of their neighbours were overwritten.
+    /// created: pages that kept more than twice a whole block's memory
+    /// alive (see `settle`).
     pub fn compacted_bytes(&self) -> u64 {
         self.write_compacted
     }
