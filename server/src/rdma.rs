@@ -549,6 +549,7 @@ fn accept(
         reads_free: usize::from(read_depth),
         queue: VecDeque::new(),
         reading: HashMap::new(),
+        waiting_reads: VecDeque::new(),
         next_call: 0,
         poll: cfg.poll,
         stats: stats.clone(),
@@ -656,15 +657,20 @@ struct Reading {
     call: IncomingCall,
     /// The chunk buffer the call holds for its reply.
     chunk: usize,
-    /// Per block: the reads in flight, or the block once they completed.
-    pending: Vec<Option<PendingRead>>,
-    done: Vec<Option<ArenaBlock>>,
+    /// The blocks and the reads posted into them.
+    reads: PendingRead,
+    /// Reads not yet posted (block, offset in it, peer memory), last first.
+    unposted: Vec<(usize, usize, RemoteBuf)>,
+    /// Chains posted so far (numbers their signaled requests' wr_ids).
+    chains: u64,
     /// Per Read chunk: the bytes landing in each block it spans (a head
     /// block may be larger than its piece).
     layout: Vec<Vec<usize>>,
-    left: usize,
     started: Instant,
 }
+
+/// The wr_id value of a call's Read requests that are not signaled.
+const QUIET_READ: u64 = 0xffff;
 
 struct Conn {
     service: Arc<Service>,
@@ -708,6 +714,8 @@ struct Conn {
     reads_free: usize,
     queue: VecDeque<Pending>,
     reading: HashMap<u64, Reading>,
+    /// Calls with reads not yet posted, oldest first.
+    waiting_reads: VecDeque<u64>,
     next_call: u64,
     poll: PollMode,
     stats: Arc<RdmaStats>,
@@ -787,6 +795,7 @@ impl Conn {
             for wc in wcs.drain(..) {
                 self.completion(wc)?;
             }
+            self.post_waiting_reads()?;
             self.drain_queue()?;
         }
     }
@@ -831,24 +840,19 @@ impl Conn {
                 self.sq_free += 1 + v as usize;
             }
             k if k == Kind::Read as u64 => {
-                self.sq_free += 1;
-                self.reads_free += 1;
                 debug_assert_eq!(wc.opcode, WcOpcode::RdmaRead);
-                let (call_id, bi) = (v >> 16, (v & 0xffff) as usize);
-                let mut finished = false;
-                if let Some(r) = self.reading.get_mut(&call_id) {
-                    if let Some(p) = r.pending.get_mut(bi).and_then(Option::take) {
-                        match p.complete(wc.wr_id) {
-                            Ok(block) => {
-                                r.done[bi] = Some(block);
-                                r.left -= 1;
-                                finished = r.left == 0;
-                            }
-                            Err(p) => r.pending[bi] = Some(p),
-                        }
-                    }
-                }
-                if finished {
+                let call_id = v >> 16;
+                let Some(r) = self.reading.get_mut(&call_id) else {
+                    return Ok(());
+                };
+                // One signaled completion ends its whole chain.
+                let Some(n) = r.reads.complete(wc.wr_id) else {
+                    return Ok(());
+                };
+                self.sq_free += n;
+                self.reads_free += n;
+                // (Reads still to post go out from `post_waiting_reads`.)
+                if r.unposted.is_empty() && !r.reads.in_flight() {
                     let r = self.reading.remove(&call_id).expect("present");
                     self.finish_reads(r)?;
                 }
@@ -975,12 +979,7 @@ impl Conn {
             }
             layout.push(bounds);
         }
-        let n = blocks.len();
-        if n > 0xffff {
-            self.free_chunks.push(chunk);
-            return self.send_error(call.xid, None);
-        }
-        let mut allocated = Vec::with_capacity(n);
+        let mut allocated = Vec::with_capacity(blocks.len());
         for (size, _) in &blocks {
             match self.arena.alloc(*size)? {
                 Some(b) => allocated.push(b),
@@ -991,49 +990,82 @@ impl Conn {
                 }
             }
         }
+        let mut unposted: Vec<(usize, usize, RemoteBuf)> = blocks
+            .into_iter()
+            .enumerate()
+            .flat_map(|(bi, (_, ops))| ops.into_iter().map(move |(off, r)| (bi, off, r)))
+            .collect();
+        let bytes: u64 = unposted.iter().map(|(_, _, r)| u64::from(r.len)).sum();
+        self.stats.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        unposted.reverse();
         self.reading.insert(
             id,
             Reading {
                 call,
                 chunk,
-                pending: (0..n).map(|_| None).collect(),
-                done: (0..n).map(|_| None).collect(),
+                reads: PendingRead::new(allocated, &self.qp),
+                unposted,
+                chains: 0,
                 layout,
-                left: n,
                 started: Instant::now(),
             },
         );
-        for (bi, ((_, ops), block)) in blocks.into_iter().zip(allocated).enumerate() {
-            // Respect the RDMA Read depth and the send queue: handle
-            // completions until there is room.
-            while self.reads_free < ops.len() || self.sq_free <= ops.len() {
-                self.wait_some()?;
+        self.waiting_reads.push_back(id);
+        self.post_waiting_reads()
+    }
+
+    /// Posts the reads of calls waiting for room, oldest call first, as far
+    /// as the RDMA Read depth and the send queue allow: per call one chain
+    /// whose last request alone is signaled (the queue completes in order,
+    /// so its one completion covers the chain). What does not fit goes out
+    /// as completions give room back; a call whose reads all completed is
+    /// run.
+    fn post_waiting_reads(&mut self) -> Result<(), ConnError> {
+        while let Some(&id) = self.waiting_reads.front() {
+            let Some(r) = self.reading.get_mut(&id) else {
+                self.waiting_reads.pop_front();
+                continue;
+            };
+            // One send queue entry stays free for a reply.
+            let room = self.reads_free.min(self.sq_free.saturating_sub(1));
+            let take = room.min(r.unposted.len());
+            if take > 0 {
+                let at = r.unposted.len() - take;
+                let ops: Vec<_> = r.unposted.drain(at..).rev().collect();
+                let wrid = wr(Kind::Read, (id << 16) | (r.chains % QUIET_READ));
+                let quiet = wr(Kind::Read, (id << 16) | QUIET_READ);
+                r.chains += 1;
+                r.reads.post(&self.qp, &ops, wrid, quiet)?;
+                self.reads_free -= take;
+                self.sq_free -= take;
             }
-            let bytes: u64 = ops.iter().map(|(_, r)| u64::from(r.len)).sum();
-            let wrid = wr(Kind::Read, (id << 16) | bi as u64);
-            match block.read_remote(&self.qp, wrid, &ops) {
-                Ok(p) => {
-                    self.reads_free -= ops.len();
-                    self.sq_free -= ops.len();
-                    self.stats.read_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    if let Some(r) = self.reading.get_mut(&id) {
-                        r.pending[bi] = Some(p);
-                    }
-                }
-                Err(e) => return Err(ConnError::Verbs(e.error)),
+            if !r.unposted.is_empty() {
+                return Ok(());
+            }
+            self.waiting_reads.pop_front();
+            if !r.reads.in_flight() {
+                // Nothing to read after all (chunks of zero bytes).
+                let r = self.reading.remove(&id).expect("present");
+                self.finish_reads(r)?;
             }
         }
         Ok(())
     }
 
     fn finish_reads(&mut self, r: Reading) -> Result<(), ConnError> {
-        let mut blocks = r.done.into_iter();
+        let blocks = r.reads.finish().map_err(|_| {
+            ConnError::Completion(
+                u64::from(r.call.xid),
+                "call run with reads in flight".into(),
+            )
+        })?;
+        let mut blocks = blocks.into_iter();
         let mut data = Vec::with_capacity(r.layout.len());
         for pieces in &r.layout {
             let mut p = Payload::new();
             let mut landing = Vec::with_capacity(pieces.len());
             for &n in pieces {
-                let b = blocks.next().flatten().expect("every block completed");
+                let b = blocks.next().expect("a block per piece");
                 let block = Block::from_memory(Box::new(b));
                 p.push(block.slice(0..n));
                 landing.push(block);

@@ -1174,6 +1174,80 @@ fn case_disconnect_during_rdma_read(srv: &Server, good: &mut Peer) -> Counts {
     Counts { errors, ..ONE_CONN }
 }
 
+/// 22: a WRITE whose Read chunk is 32 segments of 256 bytes, read from
+/// our memory in reverse order, where we serve 4 RDMA Reads at a time (the
+/// responder resources we offered): the server must post them as room
+/// comes back, not wait for room that never comes, and land every piece
+/// where its segment says. The file reads back as written; the file's own
+/// bytes are then written back for the cases after this one.
+fn case_read_chunk_of_more_segments_than_the_read_depth(srv: &Server, good: &mut Peer) -> Counts {
+    const SEG: usize = 256;
+    let mut p = Peer::connect(srv);
+    // XIDs no other case uses: the server's duplicate request cache would
+    // answer a WRITE that reuses an earlier one's XID (and its inline
+    // part) from the cache, as a retransmission, without running it.
+    p.next_xid = 0x6600_0000;
+    let written: Vec<u8> = (0..FILE_LEN).map(|i| (i / SEG) as u8 ^ 0xa5).collect();
+    let r = p.data.remote(0, FILE_LEN).unwrap();
+    let n = FILE_LEN / SEG;
+    // Segment i of the chunk sits at slot n-1-i of our memory.
+    for i in 0..n {
+        let slot = n - 1 - i;
+        p.data
+            .write_at(slot * SEG, &written[i * SEG..(i + 1) * SEG])
+            .unwrap();
+    }
+    let xid = p.xid();
+    let (inline, position) = reduced_write_call(xid, &srv.file);
+    let lists = ChunkLists {
+        read_list: List(
+            (0..n)
+                .map(|i| ReadSegment {
+                    position,
+                    target: RdmaSegment {
+                        handle: r.rkey,
+                        length: SEG as u32,
+                        offset: r.addr + ((n - 1 - i) * SEG) as u64,
+                    },
+                })
+                .collect(),
+        ),
+        ..no_chunks()
+    };
+    p.send(&rdma_msg(xid, lists, &inline));
+    check_good(good, srv);
+    let mut d = p.rpc_reply(xid);
+    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
+        Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
+        other => panic!("WRITE: {other:?}"),
+    }
+    // Read it back into zeroed memory.
+    p.data.write_at(0, &vec![0u8; FILE_LEN]).unwrap();
+    let xid = p.send_read(&srv.file, r.rkey, r.addr);
+    let (h, rest) = parse(p.reply());
+    assert_eq!(h.xid, xid);
+    // The Write chunk comes back with the length written.
+    let RdmaBody::Msg(lists) = &h.body else {
+        panic!("READ reply {h:?}")
+    };
+    assert_eq!(lists.write_list.0.len(), 1, "{h:?}");
+    assert_eq!(lists.write_list.0[0].segments.0[0].length, FILE_LEN as u32);
+    let m = RpcMessage::decode(&mut Decoder::new(rest)).expect("RPC reply");
+    assert_success(&m);
+    assert!(
+        p.data.to_vec(0, FILE_LEN).unwrap() == written,
+        "the file does not read back as the 32 segments wrote it"
+    );
+    p.data.write_at(0, &srv.file_data).unwrap();
+    let xid = p.send_write(&srv.file, r.rkey, r.addr);
+    let mut d = p.rpc_reply(xid);
+    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
+        Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
+        other => panic!("WRITE: {other:?}"),
+    }
+    ONE_CONN
+}
+
 const CASES: &[(&str, Case)] = &[
     ("wrong_rdma_vers", case_wrong_rdma_vers),
     ("unknown_proc", case_unknown_proc),
@@ -1213,6 +1287,10 @@ const CASES: &[(&str, Case)] = &[
     (
         "disconnect_during_rdma_read",
         case_disconnect_during_rdma_read,
+    ),
+    (
+        "read_chunk_of_more_segments_than_the_read_depth",
+        case_read_chunk_of_more_segments_than_the_read_depth,
     ),
 ];
 
@@ -1298,6 +1376,7 @@ case_tests!(
     write_chunk_of_10000_segments,
     write_chunk_outside_the_registration,
     disconnect_during_rdma_read,
+    read_chunk_of_more_segments_than_the_read_depth,
 );
 
 fn every_case_against_one_server() {
@@ -1308,7 +1387,7 @@ fn every_case_against_one_server() {
         total = total + run_case(&srv, &mut good, name, *case);
     }
     assert_eq!(srv.counts(), total, "{}", srv.stats.report());
-    // The fixed cases: 21 rogue connections, ERR_VERS once, ERR_CHUNK
+    // The fixed cases: 22 rogue connections, ERR_VERS once, ERR_CHUNK
     // eleven times, six silent discards (plus any case 12 chose), four
     // connections ended by errors (plus one if case 12 was dropped, and
     // one if case 21's disconnect counted as one).

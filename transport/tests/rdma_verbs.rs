@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use nfsrdma_transport::rdma::engine::{CompletionEngine, EngineConfig, EngineStats, PollMode};
 use nfsrdma_transport::rdma::verbs::{
-    next_rkey, Access, CmEventKind, CmId, CompletionChannel, CompletionError, CompletionQueue,
-    ConnParam, EventChannel, MemoryRegion, MemoryWindow, MwAccess, ProtectionDomain, QpCaps,
-    QueuePair, RemoteBuf, SendFlags, SendOp, VerbsError, WcOpcode, WorkCompletion,
+    next_rkey, Access, Arena, CmEventKind, CmId, CompletionChannel, CompletionError,
+    CompletionQueue, ConnParam, EventChannel, MemoryRegion, MemoryWindow, MwAccess, PendingRead,
+    ProtectionDomain, QpCaps, QueuePair, RemoteBuf, SendFlags, SendOp, VerbsError, WcOpcode,
+    WorkCompletion,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -405,6 +406,115 @@ fn rdma_write_and_read_move_the_bytes() {
     let wc = expect_ok(wait_wc(&c.cq), 22, WcOpcode::RdmaRead);
     assert_eq!(wc.byte_len as usize, back.len());
     assert_eq!(local.to_vec(1000, back.len()).unwrap(), back);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn arena_reads_go_out_in_chains_with_one_completion_each() {
+    let pair = connect_pair(PairOpts::default());
+    let (c, s) = (&pair.client, &pair.server);
+    let source = MemoryRegion::new(&s.pd, 65536, Access::REMOTE).unwrap();
+    let data = pattern(5, 65536);
+    source.write_at(0, &data).unwrap();
+    // A region per block size.
+    let arena = Arena::new(&c.pd, 1 << 20, 4 << 20);
+    let blocks = vec![
+        arena.alloc(16384).unwrap().unwrap(),
+        arena.alloc(4096).unwrap().unwrap(),
+    ];
+    let mut reads = PendingRead::new(blocks, &c.qp);
+    assert_eq!(reads.block_lens().collect::<Vec<_>>(), [16384, 4096]);
+    // Nothing is posted for a read outside its block, into a block that
+    // is not there, or with a wr_id in use.
+    let r = |off: usize, len: usize| source.remote(off, len).unwrap();
+    for bad in [(0, 16000, r(0, 1000)), (2, 0, r(0, 10))] {
+        assert!(matches!(
+            reads.post(&c.qp, &[bad], 1, 2),
+            Err(VerbsError::InvalidArgument(_))
+        ));
+    }
+    assert!(reads.post(&c.qp, &[(0, 0, r(0, 10))], 3, 3).is_err());
+    assert!(!reads.in_flight());
+    // Five reads into two blocks in one chain (more than the three Reads
+    // the peer serves at once), then a second chain of two.
+    let first = [
+        (0, 0, r(0, 4096)),
+        (0, 4096, r(8192, 8192)),
+        (0, 12288, r(30000, 4096)),
+        (1, 0, r(40000, 1000)),
+        (1, 1000, r(50000, 2000)),
+    ];
+    reads.post(&c.qp, &first, 7, 9).unwrap();
+    assert!(reads.post(&c.qp, &[(1, 3000, r(0, 10))], 7, 9).is_err());
+    reads
+        .post(
+            &c.qp,
+            &[(1, 3000, r(60000, 96)), (1, 3096, r(61000, 1000))],
+            8,
+            9,
+        )
+        .unwrap();
+    assert!(reads.in_flight());
+    let reads = match reads.finish() {
+        Err(r) => r,
+        Ok(_) => panic!("blocks returned with reads in flight"),
+    };
+    let mut reads = reads;
+    // Only the last request of each chain completes.
+    expect_ok(wait_wc(&c.cq), 7, WcOpcode::RdmaRead);
+    assert_eq!(reads.complete(9), None);
+    assert_eq!(reads.complete(7), Some(5));
+    assert_eq!(reads.complete(7), None);
+    assert!(reads.in_flight());
+    expect_ok(wait_wc(&c.cq), 8, WcOpcode::RdmaRead);
+    assert_eq!(reads.complete(8), Some(2));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        c.cq.poll_one().unwrap().is_none(),
+        "an unsignaled read completed"
+    );
+    let blocks = reads.finish().expect("no read in flight");
+    let (a, b) = (blocks[0].as_ref(), blocks[1].as_ref());
+    assert_eq!(&a[..4096], &data[..4096]);
+    assert_eq!(&a[4096..12288], &data[8192..16384]);
+    assert_eq!(&a[12288..], &data[30000..34096]);
+    assert_eq!(&b[..1000], &data[40000..41000]);
+    assert_eq!(&b[1000..3000], &data[50000..52000]);
+    assert_eq!(&b[3000..3096], &data[60000..60096]);
+    assert_eq!(&b[3096..], &data[61000..62000]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_failed_read_in_a_chain_keeps_the_blocks_until_the_chain_ends() {
+    let pair = connect_pair(PairOpts::default());
+    let (c, s) = (&pair.client, &pair.server);
+    let source = MemoryRegion::new(&s.pd, 65536, Access::REMOTE).unwrap();
+    let arena = Arena::new(&c.pd, 1 << 20, 1 << 20);
+    let mut reads = PendingRead::new(vec![arena.alloc(8192).unwrap().unwrap()], &c.qp);
+    let good = source.remote(0, 4096).unwrap();
+    let bogus = RemoteBuf {
+        rkey: good.rkey ^ 0x5a5a_0000,
+        ..good
+    };
+    reads
+        .post(&c.qp, &[(0, 0, good), (0, 4096, bogus), (0, 0, good)], 7, 9)
+        .unwrap();
+    // The unsignaled request that failed reports under the quiet wr_id:
+    // that does not end the chain, whose last request is flushed after it.
+    let wc = wait_wc(&c.cq);
+    assert_eq!(wc.wr_id, 9, "{wc:?}");
+    assert!(wc.status.is_err(), "{wc:?}");
+    assert_eq!(reads.complete(wc.wr_id), None);
+    let mut reads = match reads.finish() {
+        Err(r) => r,
+        Ok(_) => panic!("blocks returned before the chain ended"),
+    };
+    let wc = wait_wc(&c.cq);
+    assert_eq!(wc.wr_id, 7, "{wc:?}");
+    assert_eq!(wc.status, Err(CompletionError::Flushed), "{wc:?}");
+    assert_eq!(reads.complete(7), Some(3));
+    assert_eq!(reads.finish().expect("chain ended").len(), 1);
 }
 
 #[test]

@@ -12,12 +12,13 @@
 //! - Arena regions are registered with local access only: no peer can read
 //!   or write them through an rkey.
 //! - The device *writes* into arena memory only through
-//!   [`ArenaBlock::read_remote`] (an RDMA Read into the block), which takes
-//!   the block by value and keeps it inside a [`PendingRead`] until the
-//!   completions of those work requests are handed back. No reference to
-//!   the block can exist meanwhile. A `PendingRead` dropped before its
-//!   completions leaks the block (it never returns to the free list), so
-//!   the memory is never handed out while the device may still write it.
+//!   [`PendingRead::post`] (RDMA Reads into blocks), whose blocks were
+//!   given to the [`PendingRead`] by value and come back from it only when
+//!   the completions of every read posted into them were handed back. No
+//!   reference to a block can exist meanwhile. A `PendingRead` dropped
+//!   with reads outstanding leaks its blocks (they never return to the
+//!   free list), so the memory is never handed out while the device may
+//!   still write it.
 //! - The device *reads* arena memory through [`Arena::sge_for`] (an RDMA
 //!   Write or Send source): concurrent CPU reads are harmless. A CPU write
 //!   through `AsMut` needs `&mut ArenaBlock`; callers that post a block as a
@@ -240,90 +241,27 @@ impl ArenaBlock {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-
-    /// Posts RDMA Reads of `ops` (each: the block offset to land at and the
-    /// peer's memory) into this block, all with `wr_id` and signaled. The
-    /// block comes back from [`PendingRead::complete`] once every one of
-    /// their completions was handed in. On failure the block is returned
-    /// when no read was posted; when some were, it stays with them (the
-    /// error's `pending`) until their completions arrive.
-    pub fn read_remote(
-        self,
-        qp: &QueuePair,
-        wr_id: u64,
-        ops: &[(usize, RemoteBuf)],
-    ) -> std::result::Result<PendingRead, Box<ReadPostError>> {
-        for (off, remote) in ops {
-            match off.checked_add(remote.len as usize) {
-                Some(end) if end <= self.len => {}
-                _ => {
-                    return Err(Box::new(ReadPostError {
-                        block: Some(self),
-                        pending: None,
-                        error: VerbsError::InvalidArgument("read outside the block".into()),
-                    }))
-                }
-            }
-        }
-        let base = self.region.addr() as usize + self.offset;
-        let lkey = self.region.lkey();
-        let mut pending = PendingRead {
-            block: Some(self),
-            wr_id,
-            left: 0,
-            qp_num: qp.qp_num(),
-        };
-        for (off, remote) in ops {
-            let sge = Sge {
-                addr: (base + off) as u64,
-                length: remote.len,
-                lkey,
-                _region: PhantomData::<&MemoryRegion>,
-            };
-            let wr = SendWr {
-                wr_id,
-                op: SendOp::RdmaRead {
-                    sges: std::slice::from_ref(&sge),
-                    remote: *remote,
-                },
-                flags: SendFlags::SIGNALED,
-            };
-            if let Err(error) = qp.post_send(std::slice::from_ref(&wr)) {
-                if pending.left == 0 {
-                    return Err(Box::new(ReadPostError {
-                        block: pending.block.take(),
-                        pending: None,
-                        error,
-                    }));
-                }
-                return Err(Box::new(ReadPostError {
-                    block: None,
-                    pending: Some(pending),
-                    error,
-                }));
-            }
-            pending.left += 1;
-        }
-        Ok(pending)
-    }
 }
 
-/// A failure to post the reads of [`ArenaBlock::read_remote`].
-#[derive(Debug)]
-pub struct ReadPostError {
-    /// The block, when nothing was posted.
-    pub block: Option<ArenaBlock>,
-    /// The reads that were posted, when some were.
-    pub pending: Option<PendingRead>,
-    /// Why posting failed.
-    pub error: VerbsError,
-}
-
-/// A block with RDMA Reads outstanding into it.
+/// Arena blocks with RDMA Reads into them: the blocks are lent to the
+/// device from [`PendingRead::new`] until every read posted into them has
+/// completed ([`PendingRead::finish`]).
+///
+/// Reads go out in chains ([`PendingRead::post`], one `ibv_post_send`
+/// each) of which only the last request is signaled: a send queue completes
+/// its requests in order, so that one completion (successful, failed or
+/// flushed) means that every request of its chain, and of every chain
+/// before it, is done with the memory. A chain posted only in part (the
+/// provider refused a request after taking earlier ones) has no completion
+/// to wait for: its blocks come back only through
+/// [`PendingRead::reclaim_all`], which destroys the queue pair.
 pub struct PendingRead {
-    block: Option<ArenaBlock>,
-    wr_id: u64,
-    left: usize,
+    blocks: Vec<ArenaBlock>,
+    /// Signaled requests posted and not yet handed in: their `wr_id` and
+    /// the number of requests their chain holds.
+    signaled: Vec<(u64, usize)>,
+    /// A chain was posted in part.
+    broken: bool,
     qp_num: u32,
 }
 
@@ -331,34 +269,129 @@ impl std::fmt::Debug for PendingRead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "PendingRead(wr_id {:#x}, {} left)",
-            self.wr_id, self.left
+            "PendingRead({} blocks, {} chains in flight{})",
+            self.blocks.len(),
+            self.signaled.len(),
+            if self.broken { ", broken" } else { "" }
         )
     }
 }
 
 impl PendingRead {
-    /// The work request id of its reads.
-    pub fn wr_id(&self) -> u64 {
-        self.wr_id
+    /// Lends `blocks` to reads on `qp`.
+    pub fn new(blocks: Vec<ArenaBlock>, qp: &QueuePair) -> PendingRead {
+        PendingRead {
+            blocks,
+            signaled: Vec::new(),
+            broken: false,
+            qp_num: qp.qp_num(),
+        }
     }
 
-    /// Hands in one completion of this read (matched by `wr_id`, whatever
-    /// its status: a failed or flushed request no longer touches memory).
-    /// Returns the block once all completions are in.
-    pub fn complete(mut self, wr_id: u64) -> std::result::Result<ArenaBlock, PendingRead> {
-        if wr_id != self.wr_id || self.left == 0 {
-            return Err(self);
-        }
-        self.left -= 1;
-        if self.left > 0 {
-            return Err(self);
-        }
-        Ok(self.block.take().expect("present until completed"))
+    /// The blocks' sizes, in order.
+    pub fn block_lens(&self) -> impl Iterator<Item = usize> + '_ {
+        self.blocks.iter().map(|b| b.len)
     }
-}
 
-impl PendingRead {
+    /// Posts one chain of RDMA Reads: per request, the index of the block
+    /// and the offset in it to land at, and the peer's memory to read. The
+    /// last request is signaled and carries `wr_id`, which must be unique
+    /// among this queue pair's outstanding signaled requests; the others
+    /// are unsignaled and carry `quiet_wr_id` (seen only in the completion
+    /// of a failed or flushed request). Nothing is posted when a request
+    /// lies outside its block or `wr_id` is in use here.
+    pub fn post(
+        &mut self,
+        qp: &QueuePair,
+        ops: &[(usize, usize, RemoteBuf)],
+        wr_id: u64,
+        quiet_wr_id: u64,
+    ) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if qp.qp_num() != self.qp_num {
+            return Err(VerbsError::InvalidArgument(
+                "reads posted on another queue pair".into(),
+            ));
+        }
+        if wr_id == quiet_wr_id || self.signaled.iter().any(|(w, _)| *w == wr_id) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "read chain wr_id {wr_id:#x} is not unique"
+            )));
+        }
+        let mut sges = Vec::with_capacity(ops.len());
+        for &(bi, off, remote) in ops {
+            let block = self.blocks.get(bi).ok_or_else(|| {
+                VerbsError::InvalidArgument(format!(
+                    "read into block {bi} of {}",
+                    self.blocks.len()
+                ))
+            })?;
+            match off.checked_add(remote.len as usize) {
+                Some(end) if end <= block.len => {}
+                _ => return Err(VerbsError::InvalidArgument("read outside the block".into())),
+            }
+            sges.push(Sge {
+                addr: (block.region.addr() as usize + block.offset + off) as u64,
+                length: remote.len,
+                lkey: block.region.lkey(),
+                _region: PhantomData::<&MemoryRegion>,
+            });
+        }
+        let last = ops.len() - 1;
+        let wrs: Vec<SendWr<'_>> = ops
+            .iter()
+            .zip(&sges)
+            .enumerate()
+            .map(|(i, (&(_, _, remote), sge))| SendWr {
+                wr_id: if i == last { wr_id } else { quiet_wr_id },
+                op: SendOp::RdmaRead {
+                    sges: std::slice::from_ref(sge),
+                    remote,
+                },
+                flags: if i == last {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::default()
+                },
+            })
+            .collect();
+        match qp.post_send_counted(&wrs) {
+            Ok(()) => {
+                self.signaled.push((wr_id, ops.len()));
+                Ok(())
+            }
+            Err((posted, error)) => {
+                if posted > 0 {
+                    self.broken = true;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Hands in one completion of this queue pair's reads, whatever its
+    /// status: when `wr_id` ends one of the chains, that chain is done and
+    /// the number of requests it held is returned.
+    pub fn complete(&mut self, wr_id: u64) -> Option<usize> {
+        let i = self.signaled.iter().position(|(w, _)| *w == wr_id)?;
+        Some(self.signaled.remove(i).1)
+    }
+
+    /// Whether reads are outstanding (or can never be waited for).
+    pub fn in_flight(&self) -> bool {
+        !self.signaled.is_empty() || self.broken
+    }
+
+    /// The blocks, once no read into them is outstanding.
+    pub fn finish(mut self) -> std::result::Result<Vec<ArenaBlock>, PendingRead> {
+        if self.in_flight() {
+            return Err(self);
+        }
+        Ok(std::mem::take(&mut self.blocks))
+    }
+
     /// Takes back the blocks of reads whose completions will never be
     /// handed in (a connection being torn down): `qp` must be the queue
     /// pair they were posted on and its last handle. It is destroyed first,
@@ -379,7 +412,7 @@ impl PendingRead {
                 drop(qp);
                 Ok(reads
                     .into_iter()
-                    .filter_map(|mut r| r.block.take())
+                    .flat_map(|mut r| std::mem::take(&mut r.blocks))
                     .collect())
             }
             Err(qp) => Err((reads, qp)),
@@ -389,9 +422,11 @@ impl PendingRead {
 
 impl Drop for PendingRead {
     fn drop(&mut self) {
-        if let Some(b) = self.block.take() {
-            // The device may still write into it: never reuse the memory.
-            std::mem::forget(b);
+        if self.in_flight() {
+            // The device may still write into them: never reuse the memory.
+            for b in std::mem::take(&mut self.blocks) {
+                std::mem::forget(b);
+            }
         }
     }
 }

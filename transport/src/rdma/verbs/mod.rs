@@ -54,7 +54,7 @@ mod qp;
 use std::io;
 use std::time::Duration;
 
-pub use arena::{Arena, ArenaBlock, PendingRead, ReadPostError, ARENA_CLASSES};
+pub use arena::{Arena, ArenaBlock, PendingRead, ARENA_CLASSES};
 pub use cm::{
     CmEvent, CmEventKind, CmId, CmIdHandle, ConnParam, ConnectRequest, EventChannel,
     MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,

@@ -259,11 +259,25 @@ impl QueuePair {
     /// On failure no request from the failing one on was posted; the ones
     /// before it were.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_send_counted(wrs).map_err(|(_, e)| e)
+    }
+
+    /// [`QueuePair::post_send`], telling on failure how many of the
+    /// requests (the first ones) were posted.
+    pub(crate) fn post_send_counted(
+        &self,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), (usize, VerbsError)> {
         if wrs.is_empty() {
             return Ok(());
         }
+        self.post_send_checked(wrs).map_err(|e| (0, e))?;
+        self.post_send_raw(wrs)
+    }
+
+    /// Validates a chain before anything of it is posted.
+    fn post_send_checked(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         // Validate everything before touching any window state.
-        let mut sge_count = 0;
         for wr in wrs {
             match wr.op {
                 SendOp::Send { sges } | SendOp::SendWithInv { sges, .. } => {
@@ -274,7 +288,6 @@ impl QueuePair {
                             self.caps.max_inline_data
                         )));
                     }
-                    sge_count += sges.len();
                 }
                 SendOp::RdmaWrite { sges, remote } | SendOp::RdmaRead { sges, remote } => {
                     let total = self.check_sges(sges, self.caps.max_send_sge, "rdma")?;
@@ -284,7 +297,6 @@ impl QueuePair {
                             remote.len
                         )));
                     }
-                    sge_count += sges.len();
                 }
                 SendOp::LocalInv { .. } => {}
                 SendOp::BindMw {
@@ -313,7 +325,20 @@ impl QueuePair {
                 }
             }
         }
+        Ok(())
+    }
 
+    fn post_send_raw(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, VerbsError)> {
+        let sge_count = wrs
+            .iter()
+            .map(|wr| match wr.op {
+                SendOp::Send { sges }
+                | SendOp::SendWithInv { sges, .. }
+                | SendOp::RdmaWrite { sges, .. }
+                | SendOp::RdmaRead { sges, .. } => sges.len(),
+                _ => 0,
+            })
+            .sum();
         // Flat SGE storage: reserved up front so pointers into it stay valid.
         let mut sge_store: Vec<ibv_sge> = Vec::with_capacity(sge_count);
         let mut raw: Vec<ibv_send_wr> = Vec::with_capacity(wrs.len());
@@ -443,7 +468,7 @@ impl QueuePair {
             }
         }
         if rc != 0 {
-            return Err(VerbsError::errno("ibv_post_send", rc));
+            return Err((failed_at, VerbsError::errno("ibv_post_send", rc)));
         }
         Ok(())
     }
