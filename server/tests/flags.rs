@@ -23,7 +23,13 @@ fn nfsrdmad(args: &[&str]) -> Command {
 /// Runs nfsrdmad with `args`; returns (exited with success, stderr). Kills
 /// it after 20 s (a daemon that accepted the flags would run on).
 fn run(args: &[&str]) -> (bool, String) {
+    run_with_env(args, &[])
+}
+
+/// [`run`] with more environment variables.
+fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let mut child = nfsrdmad(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -82,6 +88,14 @@ fn bad_rdma_settings_are_refused_by_name() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // One line naming the problem, also where backtraces are asked for.
+    let (ok, err) = run_with_env(&["--credits", "0"], &[("RUST_BACKTRACE", "1")]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim_end(),
+        "nfsrdmad: error: --credits must be at least 1",
+        "{err}"
+    );
 }
 
 /// `--max-io` is what FSINFO offers clients as the largest READ and WRITE.

@@ -353,19 +353,25 @@ fn auto_polling_catches_queue_depth_one_calls_awake() {
     // long as the kernel client took to send its next call, so most calls
     // find it awake.
     let auto = qd1_against(&[], OPS);
-    let (polled, woken) = found(&auto);
-    eprintln!("auto: {polled} calls found polling, {woken} after a wake-up");
-    assert!(polled + woken >= 2 * OPS as u64, "{auto}");
+    let (polled, auto_woken) = found(&auto);
+    eprintln!("auto: {polled} calls found polling, {auto_woken} after a wake-up");
+    assert!(polled + auto_woken >= 2 * OPS as u64, "{auto}");
     assert!(
-        polled > woken,
+        polled > auto_woken,
         "auto polling slept through most calls: {auto}"
     );
     // Event mode sleeps as soon as the queue is empty: at queue depth 1
-    // nearly every call wakes it.
+    // many more calls have to wake it. (How many varies with where the
+    // guest schedules the client and the thread: 38% to 72% of the calls
+    // over seven runs; auto's wake-ups were 12 to 27 times fewer in
+    // each.)
     let event = qd1_against(&["--poll", "event"], OPS);
     let (polled, woken) = found(&event);
     eprintln!("event: {polled} calls found polling, {woken} after a wake-up");
-    assert!(woken > polled, "event polling did not sleep: {event}");
+    assert!(
+        woken > 4 * auto_woken.max(1),
+        "event polling did not sleep more than auto: {event}\nauto: {auto}"
+    );
 }
 
 #[test]

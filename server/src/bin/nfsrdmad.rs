@@ -128,7 +128,19 @@ fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("size {s:?} is too large"))
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match start() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The message and its causes on one line; a backtrace (which
+            // anyhow adds when RUST_BACKTRACE is set) says nothing to a user.
+            eprintln!("nfsrdmad: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn start() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
