@@ -659,14 +659,23 @@ struct Reading {
     chunk: usize,
     /// The blocks and the reads posted into them.
     reads: PendingRead,
-    /// Reads not yet posted (block, offset in it, peer memory), last first.
-    unposted: Vec<(usize, usize, RemoteBuf)>,
+    /// The call's reads (block, offset in it, peer memory) in order, and
+    /// how many of them were posted.
+    ops: Vec<(usize, usize, RemoteBuf)>,
+    posted: usize,
     /// Chains posted so far (numbers their signaled requests' wr_ids).
     chains: u64,
     /// Per Read chunk: the bytes landing in each block it spans (a head
     /// block may be larger than its piece).
     layout: Vec<Vec<usize>>,
     started: Instant,
+}
+
+impl Reading {
+    /// Whether every read was posted and has completed: the call can run.
+    fn done(&self) -> bool {
+        self.posted == self.ops.len() && !self.reads.in_flight()
+    }
 }
 
 /// The wr_id value of a call's Read requests that are not signaled.
@@ -852,7 +861,7 @@ impl Conn {
                 self.sq_free += n;
                 self.reads_free += n;
                 // (Reads still to post go out from `post_waiting_reads`.)
-                if r.unposted.is_empty() && !r.reads.in_flight() {
+                if r.done() {
                     let r = self.reading.remove(&call_id).expect("present");
                     self.finish_reads(r)?;
                 }
@@ -990,21 +999,21 @@ impl Conn {
                 }
             }
         }
-        let mut unposted: Vec<(usize, usize, RemoteBuf)> = blocks
+        let ops: Vec<(usize, usize, RemoteBuf)> = blocks
             .into_iter()
             .enumerate()
             .flat_map(|(bi, (_, ops))| ops.into_iter().map(move |(off, r)| (bi, off, r)))
             .collect();
-        let bytes: u64 = unposted.iter().map(|(_, _, r)| u64::from(r.len)).sum();
+        let bytes: u64 = ops.iter().map(|(_, _, r)| u64::from(r.len)).sum();
         self.stats.read_bytes.fetch_add(bytes, Ordering::Relaxed);
-        unposted.reverse();
         self.reading.insert(
             id,
             Reading {
                 call,
                 chunk,
                 reads: PendingRead::new(allocated, &self.qp),
-                unposted,
+                ops,
+                posted: 0,
                 chains: 0,
                 layout,
                 started: Instant::now(),
@@ -1028,22 +1037,22 @@ impl Conn {
             };
             // One send queue entry stays free for a reply.
             let room = self.reads_free.min(self.sq_free.saturating_sub(1));
-            let take = room.min(r.unposted.len());
+            let take = room.min(r.ops.len() - r.posted);
             if take > 0 {
-                let at = r.unposted.len() - take;
-                let ops: Vec<_> = r.unposted.drain(at..).rev().collect();
                 let wrid = wr(Kind::Read, (id << 16) | (r.chains % QUIET_READ));
                 let quiet = wr(Kind::Read, (id << 16) | QUIET_READ);
                 r.chains += 1;
-                r.reads.post(&self.qp, &ops, wrid, quiet)?;
+                let chain = &r.ops[r.posted..r.posted + take];
+                r.reads.post(&self.qp, chain, wrid, quiet)?;
+                r.posted += take;
                 self.reads_free -= take;
                 self.sq_free -= take;
             }
-            if !r.unposted.is_empty() {
+            if r.posted < r.ops.len() {
                 return Ok(());
             }
             self.waiting_reads.pop_front();
-            if !r.reads.in_flight() {
+            if r.done() {
                 // Nothing to read after all (chunks of zero bytes).
                 let r = self.reading.remove(&id).expect("present");
                 self.finish_reads(r)?;

@@ -600,6 +600,15 @@ impl Peer {
         xid
     }
 
+    /// The reply to WRITE `xid`: success, all `FILE_LEN` bytes written.
+    fn expect_write_of_the_file(&mut self, xid: u32) {
+        let mut d = self.rpc_reply(xid);
+        match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
+            Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
+            other => panic!("WRITE: {other:?}"),
+        }
+    }
+
     /// WRITE of `FILE_LEN` bytes at offset 0 with its data in a Read chunk
     /// at `rkey`/`addr`.
     fn send_write(&mut self, file: &NfsFh3, rkey: u32, addr: u64) -> u32 {
@@ -889,11 +898,7 @@ fn case_bogus_read_chunk_rkey(srv: &Server, good: &mut Peer) -> Counts {
     // Writes the file's own contents: the file stays as it was.
     p.data.write_at(0, &srv.file_data).unwrap();
     let xid = p.send_write(&srv.file, r.rkey, r.addr);
-    let mut d = p.rpc_reply(xid);
-    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
-        Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
-        other => panic!("WRITE: {other:?}"),
-    }
+    p.expect_write_of_the_file(xid);
 
     p.send_write(&srv.file, BOGUS_RKEY, r.addr);
     expect_dropped_case(&mut p, good, srv, 11)
@@ -1216,11 +1221,7 @@ fn case_read_chunk_of_more_segments_than_the_read_depth(srv: &Server, good: &mut
     };
     p.send(&rdma_msg(xid, lists, &inline));
     check_good(good, srv);
-    let mut d = p.rpc_reply(xid);
-    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
-        Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
-        other => panic!("WRITE: {other:?}"),
-    }
+    p.expect_write_of_the_file(xid);
     // Read it back into zeroed memory.
     p.data.write_at(0, &vec![0u8; FILE_LEN]).unwrap();
     let xid = p.send_read(&srv.file, r.rkey, r.addr);
@@ -1240,11 +1241,7 @@ fn case_read_chunk_of_more_segments_than_the_read_depth(srv: &Server, good: &mut
     );
     p.data.write_at(0, &srv.file_data).unwrap();
     let xid = p.send_write(&srv.file, r.rkey, r.addr);
-    let mut d = p.rpc_reply(xid);
-    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
-        Nfs3Res::Write(NfsResult::Ok(ok)) => assert_eq!(ok.count, FILE_LEN as u32),
-        other => panic!("WRITE: {other:?}"),
-    }
+    p.expect_write_of_the_file(xid);
     ONE_CONN
 }
 
