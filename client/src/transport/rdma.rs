@@ -1384,7 +1384,7 @@ impl Conn {
 
     /// The completion thread. In `busy` mode it is the backstop for
     /// completions no caller is waiting for (it naps while a caller polls
-    /// and sleeps on the completion channel otherwise); in
+    /// and spins otherwise); in
     /// `event` mode it sleeps on the channel whenever the queue is empty;
     /// in `adaptive` mode it spins 50 µs after the last completion first.
     fn run(self: Arc<Self>) {
