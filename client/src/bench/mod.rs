@@ -253,7 +253,8 @@ pub struct BenchArgs {
     /// Latency: record sizes, a comma list, each at most 1m.
     #[arg(short = 'r', long, default_value = DEFAULT_RECORD_SIZES, value_parser = parse_record_sizes)]
     pub record_sizes: SizeList,
-    /// Slices per phase; the variants take turns slice by slice.
+    /// Slices per phase (throughput: per run); the variants take turns slice
+    /// by slice.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub rounds: u32,
     /// RDMA inline threshold (our receive buffer size, advertised to the
@@ -295,8 +296,8 @@ pub struct BenchArgs {
     /// Write every summary and the configuration as CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
-    /// Write an SVG chart (latency against record size, one line per
-    /// variant).
+    /// Write an SVG chart, one line per variant (latency mode: median latency
+    /// against record size; throughput mode: latency by percentile).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// Name of the bench files in the directory (variant N uses NAME.N)

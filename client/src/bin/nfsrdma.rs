@@ -1,4 +1,4 @@
-//! `nfsrdma`: command-line NFSv3 tools over TCP (RPC-over-RDMA to come).
+//! `nfsrdma`: command-line NFSv3 tools over TCP or RPC-over-RDMA.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// NFSv3 client tools: list, copy, show, create and remove files on an NFS
-/// server, over TCP (RPC-over-RDMA to come).
+/// server, mount an export (FUSE) and measure latency (bench), over TCP or
+/// RPC-over-RDMA.
 #[derive(Debug, Parser)]
 #[command(name = "nfsrdma", version)]
 struct Cli {
