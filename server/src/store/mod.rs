@@ -641,7 +641,25 @@ impl Fs {
         Ok(got & want)
     }
 
-    /// SETATTR, with the ctime guard.
+    /// SETATTR, with the ctime guard. The rules, and the order in which they
+    /// are checked, are those of the Linux nfsd over a local file system:
+    ///
+    /// 1. A size wants a regular file (NFS3ERR_ISDIR, NFS3ERR_INVAL). A size,
+    ///    or times set to the server's clock with no time from the client,
+    ///    want write permission, which the owner has whatever the mode
+    ///    (NFS3ERR_ACCES).
+    /// 2. A mode sent for a symbolic link is ignored.
+    /// 3. The guard (NFS3ERR_NOT_SYNC).
+    /// 4. Only root gives a file away; the owner may "change" the owner to
+    ///    itself. Only root, or the owner to a group it is in (or the
+    ///    group the file has), changes the group. Only the owner or root
+    ///    changes the mode or sets times from the client (NFS3ERR_PERM):
+    ///    also when nothing would change.
+    /// 5. A new mode loses set-group-ID when the caller is not root and not
+    ///    in the file's group. A new owner or group (even the same one) on a
+    ///    non-directory clears set-user-ID, and set-group-ID where the group
+    ///    may execute (set-group-ID without it marks mandatory locking).
+    /// 6. Anything set moves ctime; a call that sets nothing changes nothing.
     pub fn setattr(
         &mut self,
         ino: Ino,
@@ -649,72 +667,83 @@ impl Fs {
         s: &Sattr3,
         guard: Option<NfsTime3>,
     ) -> SResult<()> {
+        const SUID: u32 = 0o4000;
+        const SGID: u32 = 0o2000;
+        const GROUP_EXEC: u32 = 0o010;
         let attr = self.inode(ino)?.attr.clone();
-        if let Some(g) = guard {
-            if g != attr.ctime {
-                return Err(NfsStat3::NotSync);
-            }
-        }
-        let owner = cred.uid == 0 || cred.uid == attr.uid;
-        if s.mode.is_some() && !owner {
-            return Err(NfsStat3::Perm);
-        }
-        if let Some(uid) = s.uid {
-            if uid != attr.uid && cred.uid != 0 {
-                return Err(NfsStat3::Perm);
-            }
-        }
-        if let Some(gid) = s.gid {
-            if gid != attr.gid && cred.uid != 0 && !(cred.uid == attr.uid && cred.in_group(gid)) {
-                return Err(NfsStat3::Perm);
-            }
-        }
-        for t in [&s.atime, &s.mtime] {
-            match t {
-                SetTime::DontChange => {}
-                SetTime::ServerTime => {
-                    if !owner && !mode_allows(&attr, cred, 2) {
-                        return Err(NfsStat3::Acces);
-                    }
-                }
-                SetTime::ClientTime(_) => {
-                    if !owner {
-                        return Err(NfsStat3::Perm);
-                    }
-                }
-            }
-        }
-        if let Some(size) = s.size {
+        let root = cred.uid == 0;
+        let owner = cred.uid == attr.uid;
+        let client_time = [&s.atime, &s.mtime]
+            .iter()
+            .any(|t| matches!(t, SetTime::ClientTime(_)));
+        let server_time = [&s.atime, &s.mtime]
+            .iter()
+            .any(|t| matches!(t, SetTime::ServerTime));
+        if s.size.is_some() {
             match attr.kind {
                 Ftype3::Reg => {}
                 Ftype3::Dir => return Err(NfsStat3::Isdir),
                 _ => return Err(NfsStat3::Inval),
             }
-            // The owner may truncate a file it cannot write (an open file
-            // keeps its access); others need write permission.
-            if cred.uid != attr.uid && !mode_allows(&attr, cred, 2) {
-                return Err(NfsStat3::Acces);
+        }
+        let wants_write = s.size.is_some() || (server_time && !client_time);
+        if wants_write && !owner && !mode_allows(&attr, cred, 2) {
+            return Err(NfsStat3::Acces);
+        }
+        let mode = s.mode.filter(|_| attr.kind != Ftype3::Lnk);
+        if let Some(g) = guard {
+            if g != attr.ctime {
+                return Err(NfsStat3::NotSync);
             }
+        }
+        if let Some(uid) = s.uid {
+            let may = root || (owner && uid == attr.uid);
+            if !may {
+                return Err(NfsStat3::Perm);
+            }
+        }
+        if let Some(gid) = s.gid {
+            let may = root || (owner && (gid == attr.gid || cred.in_group(gid)));
+            if !may {
+                return Err(NfsStat3::Perm);
+            }
+        }
+        if (mode.is_some() || client_time) && !owner && !root {
+            return Err(NfsStat3::Perm);
+        }
+        let chown = s.uid.is_some() || s.gid.is_some();
+        if !chown && mode.is_none() && s.size.is_none() && !client_time && !server_time {
+            return Ok(());
+        }
+        if let Some(size) = s.size {
             self.truncate(ino, size)?;
         }
         let t = now();
         let i = self.inode_mut(ino)?;
         let a = &mut i.attr;
-        if let Some(m) = s.mode {
-            a.mode = m & 0o7777;
+        let gid = s.gid.unwrap_or(a.gid);
+        if let Some(m) = mode {
+            let mut m = m & 0o7777;
+            if !root && !cred.in_group(gid) {
+                m &= !SGID;
+            }
+            a.mode = m;
+        }
+        if chown && a.kind != Ftype3::Dir {
+            a.mode &= !SUID;
+            let group_exec = if mode.is_some() {
+                a.mode & GROUP_EXEC != 0
+            } else {
+                a.mode & (SGID | GROUP_EXEC) == SGID | GROUP_EXEC
+            };
+            if group_exec {
+                a.mode &= !SGID;
+            }
         }
         if let Some(u) = s.uid {
             a.uid = u;
         }
-        if let Some(g) = s.gid {
-            a.gid = g;
-        }
-        if s.uid.is_some() || s.gid.is_some() {
-            // Changing owners clears set-id bits, as local file systems do.
-            if cred.uid != 0 {
-                a.mode &= !0o6000;
-            }
-        }
+        a.gid = gid;
         match s.atime {
             SetTime::DontChange => {}
             SetTime::ServerTime => a.atime = t,
@@ -803,7 +832,9 @@ impl Fs {
             NewNode::Symlink(target) => (Ftype3::Lnk, Content::Symlink(target.clone()), 0o777),
             NewNode::Special(k, _) => (*k, Content::Node, 0o644),
         };
-        let mut m = attrs.mode.unwrap_or(default_mode) & 0o7777;
+        // A symbolic link's mode is always 0777 (a mode asked for is ignored).
+        let asked = attrs.mode.filter(|_| kind != Ftype3::Lnk);
+        let mut m = asked.unwrap_or(default_mode) & 0o7777;
         if kind == Ftype3::Dir && sgid {
             m |= 0o2000;
         }
@@ -894,12 +925,19 @@ impl Fs {
         }
     }
 
-    fn sticky_denies(&self, dir: Ino, victim: Ino, cred: &Cred) -> SResult<bool> {
+    /// The sticky-directory rule: in a directory with the sticky bit, only
+    /// the owner of an entry, the owner of the directory or root may remove
+    /// or rename it (NFS3ERR_PERM, as the Linux nfsd answers).
+    fn sticky_check(&self, dir: Ino, victim: Ino, cred: &Cred) -> SResult<()> {
         let d = &self.inode(dir)?.attr;
         if d.mode & 0o1000 == 0 || cred.uid == 0 || cred.uid == d.uid {
-            return Ok(false);
+            return Ok(());
         }
-        Ok(self.inode(victim)?.attr.uid != cred.uid)
+        if self.inode(victim)?.attr.uid == cred.uid {
+            Ok(())
+        } else {
+            Err(NfsStat3::Perm)
+        }
     }
 
     fn drop_link(&mut self, ino: Ino) -> SResult<()> {
@@ -922,41 +960,39 @@ impl Fs {
         Ok(())
     }
 
-    /// REMOVE a non-directory.
+    /// REMOVE a non-directory. In the Linux nfsd's order: "." and ".."
+    /// (NFS3ERR_ACCES), write and search permission on `dir`, the name,
+    /// the sticky rule, then the type.
     pub fn remove(&mut self, dir: Ino, name: &[u8], cred: &Cred) -> SResult<()> {
-        self.check_dir_write(dir, cred)?;
         if is_dot(name) {
-            return Err(NfsStat3::Inval);
+            return Err(NfsStat3::Acces);
         }
+        self.check_dir_write(dir, cred)?;
         check_name(name)?;
         let victim = self.dir(dir)?.get(name).ok_or(NfsStat3::Noent)?;
+        self.sticky_check(dir, victim, cred)?;
         if self.inode(victim)?.attr.kind == Ftype3::Dir {
             return Err(NfsStat3::Isdir);
-        }
-        if self.sticky_denies(dir, victim, cred)? {
-            return Err(NfsStat3::Acces);
         }
         self.dir_mut(dir)?.remove(name);
         self.touch_dir(dir)?;
         self.drop_link(victim)
     }
 
-    /// RMDIR an empty directory.
+    /// RMDIR an empty directory, in the order of [`Fs::remove`]; then the
+    /// type and emptiness.
     pub fn rmdir(&mut self, dir: Ino, name: &[u8], cred: &Cred) -> SResult<()> {
-        self.check_dir_write(dir, cred)?;
-        match name {
-            b"." => return Err(NfsStat3::Inval),
-            b".." => return Err(NfsStat3::Notempty),
-            _ => check_name(name)?,
+        if is_dot(name) {
+            return Err(NfsStat3::Acces);
         }
+        self.check_dir_write(dir, cred)?;
+        check_name(name)?;
         let victim = self.dir(dir)?.get(name).ok_or(NfsStat3::Noent)?;
+        self.sticky_check(dir, victim, cred)?;
         match &self.inode(victim)?.content {
             Content::Dir(d) if d.is_empty() => {}
             Content::Dir(_) => return Err(NfsStat3::Notempty),
             _ => return Err(NfsStat3::Notdir),
-        }
-        if self.sticky_denies(dir, victim, cred)? {
-            return Err(NfsStat3::Acces);
         }
         let d = self.dir_mut(dir)?;
         d.remove(name);
@@ -982,6 +1018,15 @@ impl Fs {
 
     /// RENAME with POSIX rules: a file replaces a file, a directory replaces
     /// an empty directory, a directory never moves into its own subtree.
+    /// Checked in the Linux nfsd's order: write and search permission on
+    /// both directories (NFS3ERR_ACCES); "." or ".." (NFS3ERR_PERM); the
+    /// source; a source that contains the target directory
+    /// (NFS3ERR_INVAL) or a target that contains the source
+    /// (NFS3ERR_NOTEMPTY); two names of one file (nothing happens); the
+    /// sticky rule for the source, then for the target, and the types; a
+    /// directory that moves to another parent must be writable itself,
+    /// since its ".." changes (NFS3ERR_ACCES); a non-empty target
+    /// directory (NFS3ERR_NOTEMPTY).
     pub fn rename(
         &mut self,
         from_dir: Ino,
@@ -993,32 +1038,41 @@ impl Fs {
         self.check_dir_write(from_dir, cred)?;
         self.check_dir_write(to_dir, cred)?;
         if is_dot(from) || is_dot(to) {
-            return Err(NfsStat3::Inval);
+            return Err(NfsStat3::Perm);
         }
         check_name(from)?;
         check_name(to)?;
         let src = self.dir(from_dir)?.get(from).ok_or(NfsStat3::Noent)?;
         let src_is_dir = self.inode(src)?.attr.kind == Ftype3::Dir;
-        let target = self.dir(to_dir)?.get(to);
-        if target == Some(src) {
-            return Ok(());
-        }
         if src_is_dir && self.is_ancestor(src, to_dir)? {
             return Err(NfsStat3::Inval);
         }
-        if self.sticky_denies(from_dir, src, cred)? {
-            return Err(NfsStat3::Acces);
-        }
+        let target = self.dir(to_dir)?.get(to);
         if let Some(t) = target {
+            if self.inode(t)?.attr.kind == Ftype3::Dir && self.is_ancestor(t, from_dir)? {
+                return Err(NfsStat3::Notempty);
+            }
+        }
+        if target == Some(src) {
+            return Ok(());
+        }
+        self.sticky_check(from_dir, src, cred)?;
+        if let Some(t) = target {
+            self.sticky_check(to_dir, t, cred)?;
             let t_is_dir = self.inode(t)?.attr.kind == Ftype3::Dir;
             match (src_is_dir, t_is_dir) {
                 (true, false) => return Err(NfsStat3::Notdir),
                 (false, true) => return Err(NfsStat3::Isdir),
-                (true, true) if !self.dir(t)?.is_empty() => return Err(NfsStat3::Exist),
                 _ => {}
             }
-            if self.sticky_denies(to_dir, t, cred)? {
-                return Err(NfsStat3::Acces);
+        }
+        if src_is_dir && from_dir != to_dir {
+            self.require(src, cred, 2)?;
+        }
+        if let Some(t) = target {
+            let t_is_dir = self.inode(t)?.attr.kind == Ftype3::Dir;
+            if t_is_dir && !self.dir(t)?.is_empty() {
+                return Err(NfsStat3::Notempty);
             }
             self.dir_mut(to_dir)?.remove(to);
             if t_is_dir {

@@ -184,7 +184,11 @@ fn remove_and_rmdir_rules() {
     assert_eq!(fs.remove(root, b"d", &Cred::root()), Err(NfsStat3::Isdir));
     assert_eq!(fs.rmdir(root, b"d", &Cred::root()), Err(NfsStat3::Notempty));
     assert_eq!(fs.rmdir(d, b"f", &Cred::root()), Err(NfsStat3::Notdir));
-    assert_eq!(fs.rmdir(root, b".", &Cred::root()), Err(NfsStat3::Inval));
+    // "." and ".." are never removed (NFS3ERR_ACCES, as the Linux nfsd).
+    for name in [&b"."[..], b".."] {
+        assert_eq!(fs.rmdir(d, name, &Cred::root()), Err(NfsStat3::Acces));
+        assert_eq!(fs.remove(d, name, &Cred::root()), Err(NfsStat3::Acces));
+    }
     assert_eq!(
         fs.remove(root, b"nope", &Cred::root()),
         Err(NfsStat3::Noent)
@@ -229,8 +233,11 @@ fn rename_posix_rules() {
     // replaces it.
     assert_eq!(
         fs.rename(root, b"a", root, b"full", &r),
-        Err(NfsStat3::Exist)
+        Err(NfsStat3::Notempty)
     );
+    // "." and ".." are never renamed nor replaced.
+    assert_eq!(fs.rename(a, b".", root, b"x", &r), Err(NfsStat3::Perm));
+    assert_eq!(fs.rename(root, b"f", a, b"..", &r), Err(NfsStat3::Perm));
     let links_before = fs.getattr(root).unwrap().nlink;
     let empty_handle = fs.handle(empty);
     fs.rename(root, b"a", root, b"empty", &r).unwrap();
@@ -510,9 +517,10 @@ fn permissions() {
         fs.write(af, &bob, 0, &Payload::from("x")),
         Err(NfsStat3::Acces)
     );
-    // Sticky: bob cannot remove or rename alice's file.
-    assert_eq!(fs.remove(tmp, b"a", &bob), Err(NfsStat3::Acces));
-    assert_eq!(fs.rename(tmp, b"a", tmp, b"b", &bob), Err(NfsStat3::Acces));
+    // Sticky: bob cannot remove or rename alice's file (NFS3ERR_PERM, as
+    // the Linux nfsd answers).
+    assert_eq!(fs.remove(tmp, b"a", &bob), Err(NfsStat3::Perm));
+    assert_eq!(fs.rename(tmp, b"a", tmp, b"b", &bob), Err(NfsStat3::Perm));
     // Bob cannot create in root (0755, owned by root).
     assert_eq!(
         fs.create(
@@ -1144,4 +1152,268 @@ proptest::proptest! {
         let (total, free, _, _) = fs.fsstat();
         proptest::prop_assert_eq!(total, free);
     }
+}
+
+fn sattr() -> Sattr3 {
+    Sattr3::default()
+}
+
+fn mode_of(fs: &Fs, ino: Ino) -> u32 {
+    fs.getattr(ino).unwrap().mode & 0o7777
+}
+
+/// SETATTR answers as the Linux nfsd's (client/tests/vm_permissions.rs
+/// compares the two call for call in the VM).
+#[test]
+fn setattr_rules_follow_the_linux_nfsd() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let r = Cred::root();
+    let owner = Cred {
+        uid: 1000,
+        gid: 1000,
+        gids: vec![1000, 3000],
+    };
+    let groupmate = Cred {
+        uid: 1002,
+        gid: 1002,
+        gids: vec![1000],
+    };
+    let other = user(1001);
+    let file = |fs: &mut Fs, name: &str, mode: u32| {
+        let f = mkfile(fs, root, name);
+        let a = Sattr3 {
+            uid: Some(1000),
+            gid: Some(1000),
+            ..sattr()
+        };
+        fs.setattr(f, &r, &a, None).unwrap();
+        let m = Sattr3 {
+            mode: Some(mode),
+            ..sattr()
+        };
+        fs.setattr(f, &r, &m, None).unwrap();
+        f
+    };
+    let uid = |v| Sattr3 {
+        uid: Some(v),
+        ..sattr()
+    };
+    let gid = |v| Sattr3 {
+        gid: Some(v),
+        ..sattr()
+    };
+
+    // Only root gives a file away, also to the caller itself; the owner
+    // may name itself, and that clears set-user-ID and (with group
+    // execute) set-group-ID, and moves ctime.
+    let f = file(&mut fs, "f", 0o6774);
+    assert_eq!(fs.setattr(f, &other, &uid(1001), None), Err(NfsStat3::Perm));
+    assert_eq!(fs.setattr(f, &other, &uid(1000), None), Err(NfsStat3::Perm));
+    assert_eq!(fs.setattr(f, &owner, &uid(1001), None), Err(NfsStat3::Perm));
+    let before = fs.getattr(f).unwrap().ctime;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    fs.setattr(f, &owner, &uid(1000), None).unwrap();
+    assert_eq!(mode_of(&fs, f), 0o774);
+    assert_ne!(fs.getattr(f).unwrap().ctime, before);
+    // Root's change of owner clears them too.
+    let f = file(&mut fs, "f2", 0o6774);
+    fs.setattr(f, &r, &uid(1001), None).unwrap();
+    assert_eq!(mode_of(&fs, f), 0o774);
+    // Set-group-ID without group execute marks mandatory locking: kept.
+    let f = file(&mut fs, "f3", 0o6764);
+    fs.setattr(f, &owner, &uid(1000), None).unwrap();
+    assert_eq!(mode_of(&fs, f), 0o2764);
+    // A directory keeps its set-group-ID bit (it passes the group on).
+    let d = mkdir(&mut fs, root, "d");
+    fs.setattr(
+        d,
+        &r,
+        &Sattr3 {
+            mode: Some(0o2775),
+            ..sattr()
+        },
+        None,
+    )
+    .unwrap();
+    fs.setattr(d, &r, &uid(1000), None).unwrap();
+    assert_eq!(mode_of(&fs, d), 0o2775);
+
+    // The group: the owner to a group it is in, or to the file's own.
+    let f = file(&mut fs, "g", 0o664);
+    fs.setattr(f, &owner, &gid(3000), None).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().gid, 3000);
+    fs.setattr(f, &owner, &gid(3000), None).unwrap();
+    assert_eq!(fs.setattr(f, &owner, &gid(4000), None), Err(NfsStat3::Perm));
+    assert_eq!(fs.setattr(f, &other, &gid(3000), None), Err(NfsStat3::Perm));
+    fs.setattr(f, &r, &gid(4000), None).unwrap();
+
+    // A mode from the owner outside the file's group loses set-group-ID.
+    let f = file(&mut fs, "m", 0o664);
+    fs.setattr(f, &r, &gid(4000), None).unwrap();
+    fs.setattr(
+        f,
+        &owner,
+        &Sattr3 {
+            mode: Some(0o2775),
+            ..sattr()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(mode_of(&fs, f), 0o775);
+    assert_eq!(
+        fs.setattr(
+            f,
+            &groupmate,
+            &Sattr3 {
+                mode: Some(0o600),
+                ..sattr()
+            },
+            None
+        ),
+        Err(NfsStat3::Perm)
+    );
+    // A mode with a new owner loses set-user-ID, and set-group-ID with
+    // group execute.
+    let f = file(&mut fs, "mu", 0o664);
+    let a = Sattr3 {
+        mode: Some(0o6775),
+        uid: Some(1000),
+        ..sattr()
+    };
+    fs.setattr(f, &owner, &a, None).unwrap();
+    assert_eq!(mode_of(&fs, f), 0o775);
+
+    // Times: from the server's clock with write permission (or as the
+    // owner), from the client only as the owner.
+    let f = file(&mut fs, "t", 0o664);
+    let server = Sattr3 {
+        mtime: SetTime::ServerTime,
+        ..sattr()
+    };
+    let client = Sattr3 {
+        mtime: SetTime::ClientTime(NfsTime3 {
+            seconds: 1,
+            nseconds: 0,
+        }),
+        ..sattr()
+    };
+    fs.setattr(f, &groupmate, &server, None).unwrap();
+    assert_eq!(fs.setattr(f, &other, &server, None), Err(NfsStat3::Acces));
+    assert_eq!(
+        fs.setattr(f, &groupmate, &client, None),
+        Err(NfsStat3::Perm)
+    );
+    fs.setattr(f, &owner, &client, None).unwrap();
+
+    // A size wants write permission before anything else is looked at.
+    let f = file(&mut fs, "s", 0o644);
+    let size_and_owner = Sattr3 {
+        size: Some(0),
+        uid: Some(1000),
+        ..sattr()
+    };
+    assert_eq!(
+        fs.setattr(f, &other, &size_and_owner, None),
+        Err(NfsStat3::Acces)
+    );
+    assert_eq!(
+        fs.setattr(f, &groupmate, &size_and_owner, None),
+        Err(NfsStat3::Acces)
+    );
+    fs.setattr(f, &owner, &size_and_owner, None).unwrap();
+
+    // A symbolic link's mode is 0777, whatever its creator asks for, and
+    // is not changed, by anyone: no error.
+    let l = fs
+        .create(
+            root,
+            b"l",
+            &r,
+            NewNode::Symlink(Bytes::from_static(b"t")),
+            CreateMode::Guarded,
+            &Sattr3 {
+                mode: Some(0o600),
+                ..sattr()
+            },
+        )
+        .unwrap();
+    assert_eq!(mode_of(&fs, l), 0o777);
+    fs.setattr(
+        l,
+        &other,
+        &Sattr3 {
+            mode: Some(0o600),
+            ..sattr()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(mode_of(&fs, l), 0o777);
+
+    // Nothing to set changes nothing, not even ctime.
+    let f = file(&mut fs, "n", 0o644);
+    let before = fs.getattr(f).unwrap().ctime;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    fs.setattr(f, &other, &sattr(), None).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().ctime, before);
+}
+
+/// Moving a directory to another parent rewrites its "..": the caller must
+/// be able to write it (NFS3ERR_ACCES), on top of the sticky rule; within
+/// one parent it need not.
+#[test]
+fn moving_a_directory_to_another_parent_wants_write_permission_on_it() {
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let r = Cred::root();
+    let alice = user(1000);
+    let bob = user(1001);
+    let sticky = mkdir(&mut fs, root, "sticky");
+    let a = Sattr3 {
+        uid: Some(1001),
+        mode: Some(0o1777),
+        ..Sattr3::default()
+    };
+    fs.setattr(sticky, &r, &a, None).unwrap();
+    let other = mkdir(&mut fs, root, "open");
+    fs.setattr(
+        other,
+        &r,
+        &Sattr3 {
+            mode: Some(0o777),
+            ..Sattr3::default()
+        },
+        None,
+    )
+    .unwrap();
+    // Alice's directory, 0755, in bob's sticky directory.
+    let d = fs
+        .create(
+            sticky,
+            b"d",
+            &alice,
+            NewNode::Dir,
+            CreateMode::Guarded,
+            &Sattr3::default(),
+        )
+        .unwrap();
+    assert_eq!(mode_of(&fs, d), 0o755);
+    assert_eq!(
+        fs.rename(sticky, b"d", other, b"d", &bob),
+        Err(NfsStat3::Acces)
+    );
+    fs.rename(sticky, b"d", sticky, b"e", &bob).unwrap();
+    fs.rename(sticky, b"e", other, b"d", &alice).unwrap();
+    assert_eq!(fs.lookup(d, b"..", &r).unwrap(), other);
+    // A target directory that contains the source: not empty.
+    let inner = mkdir(&mut fs, d, "inner");
+    mkfile(&mut fs, inner, "f");
+    assert_eq!(
+        fs.rename(inner, b"f", other, b"d", &r),
+        Err(NfsStat3::Notempty)
+    );
 }
