@@ -731,12 +731,7 @@ impl Fs {
         }
         if chown && a.kind != Ftype3::Dir {
             a.mode &= !SUID;
-            let group_exec = if mode.is_some() {
-                a.mode & GROUP_EXEC != 0
-            } else {
-                a.mode & (SGID | GROUP_EXEC) == SGID | GROUP_EXEC
-            };
-            if group_exec {
+            if a.mode & GROUP_EXEC != 0 {
                 a.mode &= !SGID;
             }
         }
