@@ -164,14 +164,10 @@ impl Drop for Runner {
 }
 
 fn signal(pid: i32, sig: i32) {
-    // SAFETY: kill(2) has no memory effects.
-    let r = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        r,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
+    let s = nix::sys::signal::Signal::try_from(sig).expect("a signal number");
+    if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s) {
+        panic!("kill({pid}, {sig}): {e}");
+    }
 }
 
 /// Whether `pid` runs (exists and is not a zombie).
@@ -521,8 +517,10 @@ impl Drop for VmTarget {
         if let Some(d) = self.daemon.take() {
             if std::thread::panicking() {
                 // No asserts here: a second panic would abort the run.
-                // SAFETY: kill(2) has no memory effects.
-                unsafe { libc::kill(d.pid, libc::SIGKILL) };
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(d.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 let _ = self.runner.run(&format!("wait {}", d.pid));
             } else {
                 // A clean stop is part of every case.

@@ -4,7 +4,7 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use nfsrdma_transport::rpcrdma::responder::{self, Received, ResponderConfig};
+use nfsrdma_rpcrdma::responder::{self, Received, ResponderConfig};
 use nfsrdma_xdr::{Payload, XdrSink};
 
 fuzz_target!(|data: &[u8]| {

@@ -163,9 +163,52 @@ fn shutdown_finishes_calls_in_flight() {
     let mut c = RawClient::connect(srv.addr);
     let root = c.mount("/export");
     getattr_ok(&mut c, &root);
-    srv.stop();
-    // After shutdown the connection is closed and new ones are refused or
-    // closed without a reply.
-    assert!(c.recv().is_none());
-    assert_eq!(srv.stats.open.load(Ordering::Relaxed), 0);
+    // Hold the file system so that the next call, once received, stays in
+    // flight until we let go.
+    let store = srv.service.exports()[0].store.clone();
+    let held = store.write();
+    let records = srv.stats.records.load(Ordering::Relaxed);
+    let xid = c.xid();
+    let mut a = BytesMut::new();
+    Getattr3Args {
+        object: root.clone(),
+    }
+    .encode(&mut a);
+    let call = c.call_bytes(xid, PROGRAM, 3, NfsProc3::Getattr as u32, &a);
+    let mut wire = marker(call.len() as u32, true).to_vec();
+    wire.extend_from_slice(&call);
+    c.send_raw(&wire).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while srv.stats.records.load(Ordering::Relaxed) == records {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let stats = srv.stats.clone();
+    let stopping = std::thread::spawn(move || {
+        srv.stop();
+        srv
+    });
+    // The stop waits for the call in flight.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!stopping.is_finished(), "stopped with a call in flight");
+    drop(held);
+    // The call in flight gets its reply, then the connection closes.
+    let r = c.recv().expect("the reply to the call in flight");
+    let mut d = Decoder::new(r);
+    let h = nfsrdma_xdr::rpc::RpcMessage::decode(&mut d).unwrap();
+    assert_eq!(h.xid, xid);
+    assert_success(&h);
+    assert_eq!(
+        Nfs3Res::decode(NfsProc3::Getattr, &mut d).unwrap().status(),
+        NfsStat3::Ok
+    );
+    assert!(
+        c.recv().is_none(),
+        "the connection stays open after shutdown"
+    );
+    let _srv = stopping.join().unwrap();
+    assert_eq!(stats.open.load(Ordering::Relaxed), 0);
 }

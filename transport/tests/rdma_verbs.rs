@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nfsrdma_transport::rdma::engine::{CompletionEngine, EngineConfig, EngineStats, PollMode};
+use nfsrdma_transport::rdma::engine::{EngineStats, PollMode, Poller};
 use nfsrdma_transport::rdma::verbs::{
     next_rkey, Access, Arena, CmEventKind, CmId, CompletionChannel, CompletionError,
     CompletionQueue, ConnParam, EventChannel, MemoryRegion, MemoryWindow, MwAccess, PendingRead,
@@ -870,8 +870,8 @@ fn a_window_only_region_is_lent_only_when_no_window_holds_it() {
     assert_eq!(area.to_vec(0, 4096).unwrap(), pattern(8, 4096));
 }
 
-/// Ping-pong traffic through an engine polling both CQs; returns the
-/// engine's counters after the traffic and after an idle period.
+/// Ping-pong traffic through a poller over both CQs; returns its counters
+/// after the traffic and after an idle period.
 fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {
     const ROUNDS: u64 = 100;
     let pair = connect_pair(PairOpts {
@@ -881,18 +881,28 @@ fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {
     assert!(pair.channel.is_some());
     let (c, s) = (&pair.client, &pair.server);
     let (tx, rx) = mpsc::channel::<(usize, WorkCompletion)>();
-    let engine = CompletionEngine::start(
-        EngineConfig {
-            mode,
-            ..EngineConfig::default()
-        },
-        vec![c.cq.clone(), s.cq.clone()],
-        move |i, wc| {
-            let _ = tx.send((i, *wc));
-        },
-    )
-    .expect("start engine");
-
+    // A thread that does what the drivers' threads do with a poller: wait,
+    // hand each completion on, note the work.
+    let mut poller = Poller::new(vec![c.cq.clone(), s.cq.clone()], mode).expect("poller");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stats = Arc::new(std::sync::Mutex::new(EngineStats::default()));
+    let (stop2, stats2) = (stop.clone(), stats.clone());
+    let thread = std::thread::spawn(move || {
+        while !stop2.load(std::sync::atomic::Ordering::Acquire) {
+            let n = poller
+                .wait_with(|i, wc| {
+                    let _ = tx.send((i, wc));
+                })
+                .expect("poll");
+            if n > 0 {
+                poller.awaited();
+                poller.worked();
+            }
+            *stats2.lock().unwrap() = poller.stats();
+        }
+        poller.stats()
+    });
+    let engine_stats = || *stats.lock().unwrap();
     let cbuf = MemoryRegion::new(&c.pd, 2 * 64, Access::LOCAL).unwrap();
     let sbuf = MemoryRegion::new(&s.pd, 2 * 64, Access::LOCAL).unwrap();
     let next = |want_cq: usize, want_op: WcOpcode| -> WorkCompletion {
@@ -934,11 +944,18 @@ fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {
         assert_eq!(wc.wr_id, r);
         assert_eq!(cbuf.to_vec(64, 8).unwrap(), (r * 3).to_be_bytes());
     }
-    let after_traffic = engine.stats();
+    // The poller thread counts a round's completions after handing them
+    // on.
+    let deadline = Instant::now() + T;
+    while engine_stats().completions < 3 * ROUNDS && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let after_traffic = engine_stats();
     assert_eq!(after_traffic.completions, 3 * ROUNDS, "{after_traffic:?}");
     std::thread::sleep(Duration::from_millis(300));
-    let after_idle = engine.stats();
-    let stopped = engine.shutdown().expect("engine shutdown");
+    let after_idle = engine_stats();
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let stopped = thread.join().expect("poller thread");
     assert!(stopped.polls >= after_idle.polls);
     println!("{mode}: after traffic {after_traffic:?}; after 300 ms idle {after_idle:?}");
     (after_traffic, after_idle)

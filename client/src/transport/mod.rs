@@ -47,7 +47,7 @@ impl TransportKind {
 }
 
 /// What the caller knows of the reply before sending the call: the same
-/// hint as `nfsrdma_transport::rpcrdma::requester::ReplyExpect`, which an
+/// hint as `nfsrdma_rpcrdma::requester::ReplyExpect`, which an
 /// RDMA transport uses to register reply chunks. TCP ignores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyExpect {

@@ -3,7 +3,7 @@
 //!
 //! The protocol decisions (how a call travels, which chunks its reply
 //! needs, the transport header, the meaning of the reply header) come from
-//! the sans-IO core `nfsrdma_transport::rpcrdma::requester`; this module
+//! the sans-IO core `nfsrdma_rpcrdma::requester`; this module
 //! carries them out with the verbs layer.
 //!
 //! # Connection
@@ -122,13 +122,13 @@ use super::{reply_results, CallFuture, RpcCall, Transport, TransportKind, Transp
 use crate::error::ClientError;
 use crate::{PollMode, RdmaOptions, RegStrategy};
 use bytes::{Bytes, BytesMut};
+use nfsrdma_rpcrdma::requester::{
+    self, plan_call, CallPlan, Registrations, Reply, ReplyMessage, RequesterConfig,
+};
 use nfsrdma_transport::rdma::verbs::{
     Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ConnParam, EventChannel,
     MemoryRegion, MemoryWindow, MwAccess, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendFlags,
     SendOp, SendWr, VerbsError, WcOpcode, WorkCompletion,
-};
-use nfsrdma_transport::rpcrdma::requester::{
-    self, plan_call, CallPlan, Registrations, Reply, ReplyMessage, RequesterConfig,
 };
 use nfsrdma_xdr::rpc::RpcMessage;
 use nfsrdma_xdr::rpcrdma::{CmPrivate, RdmaSegment};

@@ -824,7 +824,13 @@ impl Fs {
                 0o644,
             ),
             NewNode::Dir => (Ftype3::Dir, Content::Dir(Dir::new(dir)), 0o755),
-            NewNode::Symlink(target) => (Ftype3::Lnk, Content::Symlink(target.clone()), 0o777),
+            // A copy: the target arrived in a receive buffer or a landing
+            // block, which must not be kept alive for the life of the link.
+            NewNode::Symlink(target) => (
+                Ftype3::Lnk,
+                Content::Symlink(Bytes::copy_from_slice(target)),
+                0o777,
+            ),
             NewNode::Special(k, _) => (*k, Content::Node, 0o644),
         };
         // A symbolic link's mode is always 0777 (a mode asked for is ignored).

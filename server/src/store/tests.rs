@@ -620,6 +620,11 @@ fn symlinks_and_nodes() {
         )
         .unwrap();
     assert_eq!(&fs.readlink(l).unwrap()[..], b"/target/path");
+    assert_ne!(
+        fs.readlink(l).unwrap().as_ptr(),
+        b"/target/path".as_ptr(),
+        "the target is the store's own copy, not a view of the call"
+    );
     assert_eq!(fs.getattr(l).unwrap().type_, Ftype3::Lnk);
     assert_eq!(fs.readlink(root), Err(NfsStat3::Inval));
     let n = fs

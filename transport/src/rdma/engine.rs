@@ -1,28 +1,33 @@
-//! Completion engine: one thread per connection group that polls one or
-//! more completion queues and hands every completion to a handler.
+//! The completion engine: how a thread waits for completions, written once
+//! for the server's connection threads and the client's completion
+//! threads (and its callers that poll for themselves).
 //!
-//! The polling mode is a setting ([`PollMode`]), because the latency it
-//! buys is one of the things users compare:
+//! A [`Poller`] polls one or more completion queues and, when they are
+//! empty, spins or sleeps as its [`PollMode`] says, because the latency
+//! that buys is one of the things users compare:
 //!
 //! * [`PollMode::Busy`] spins on `ibv_poll_cq`: lowest latency, one core
 //!   at 100 %.
 //! * [`PollMode::Event`] arms the CQs and sleeps on their completion
 //!   channel whenever they are empty: no idle CPU, a wake-up per burst.
 //! * [`PollMode::Adaptive`] spins for a bounded time after the last
-//!   completion, then arms and sleeps like `Event`.
+//!   work, then arms and sleeps like `Event`.
 //! * [`PollMode::Auto`] is `Adaptive` with a spin time that follows the
-//!   traffic ([`SpinTuner`]): about as long as recent completions took to
-//!   come, and not at all when they come further apart than its ceiling.
+//!   traffic ([`SpinTuner`]): about as long as recent awaited completions
+//!   took to come after the work before them, and not at all when they
+//!   come further apart than its ceiling.
 //!
 //! Arming follows the usual race-free order: arm, poll again, and only
-//! sleep if that second poll found nothing. The thread checks its stop flag
-//! at least every [`EngineConfig::wait_slice`], so [`CompletionEngine::shutdown`]
-//! returns promptly in every mode.
+//! sleep if that second poll found nothing. A sleep lasts at most one wait
+//! slice, so the thread that owns the poller can check a stop flag.
+//!
+//! The poller does no work itself: its owner hands each completion to its
+//! connection core, tells it which completions were awaited
+//! ([`Poller::awaited`]: a call's arrival, on a server) and when it last
+//! did work ([`Poller::worked`]).
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::verbs::{CompletionChannel, CompletionQueue, VerbsError, WorkCompletion};
@@ -169,35 +174,10 @@ impl SpinTuner {
     }
 }
 
-/// Engine settings.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Polling mode.
-    pub mode: PollMode,
-    /// Completions fetched per poll call per CQ.
-    pub batch: usize,
-    /// Longest single sleep on the completion channel (bounds shutdown
-    /// latency in event and adaptive modes).
-    pub wait_slice: Duration,
-    /// Thread name.
-    pub thread_name: String,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            mode: PollMode::default(),
-            batch: 32,
-            wait_slice: Duration::from_millis(50),
-            thread_name: "rdma-cq".into(),
-        }
-    }
-}
-
-/// Counters of an engine thread.
+/// Counters of a poller.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
-    /// Completions delivered to the handler.
+    /// Completions polled.
     pub completions: u64,
     /// Poll rounds over all CQs.
     pub polls: u64,
@@ -211,144 +191,178 @@ pub struct EngineStats {
     pub wait_timeouts: u64,
 }
 
-#[derive(Default)]
-struct SharedStats {
-    completions: AtomicU64,
-    polls: AtomicU64,
-    empty_polls: AtomicU64,
-    arms: AtomicU64,
-    events: AtomicU64,
-    wait_timeouts: AtomicU64,
-}
-
-impl SharedStats {
-    fn snapshot(&self) -> EngineStats {
-        EngineStats {
-            completions: self.completions.load(Ordering::Relaxed),
-            polls: self.polls.load(Ordering::Relaxed),
-            empty_polls: self.empty_polls.load(Ordering::Relaxed),
-            arms: self.arms.load(Ordering::Relaxed),
-            events: self.events.load(Ordering::Relaxed),
-            wait_timeouts: self.wait_timeouts.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// Engine errors.
+/// Poller errors.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// No completion queue was given.
-    #[error("completion engine needs at least one CQ")]
+    #[error("a poller needs at least one CQ")]
     NoCqs,
-    /// Event or adaptive mode with a CQ that has no completion channel, or
-    /// CQs on different channels.
-    #[error("{0:?} mode needs every CQ created on one shared completion channel")]
+    /// Event, adaptive or auto mode with a CQ that has no completion
+    /// channel, or CQs on different channels.
+    #[error("{0} mode needs every CQ created on one shared completion channel")]
     ChannelMismatch(PollMode),
-    /// A verbs call failed in the engine thread.
+    /// A verbs call failed.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
-    /// The thread could not be started.
-    #[error("spawning the completion thread: {0}")]
-    Spawn(#[source] std::io::Error),
-    /// The handler panicked.
-    #[error("the completion handler panicked")]
-    HandlerPanicked,
 }
 
-/// A running completion thread. Dropping it stops and joins the thread.
-pub struct CompletionEngine {
-    stop: Arc<AtomicBool>,
-    stats: Arc<SharedStats>,
-    thread: Option<JoinHandle<Result<(), EngineError>>>,
+/// The longest single sleep on the completion channel by default.
+pub const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// Waits for completions on one or more CQs in a [`PollMode`].
+pub struct Poller {
+    cqs: Vec<Arc<CompletionQueue>>,
+    channel: Option<Arc<CompletionChannel>>,
     mode: PollMode,
+    tuner: Option<SpinTuner>,
+    batch: usize,
+    wait_slice: Duration,
+    last_work: Instant,
+    slept: bool,
+    stats: EngineStats,
 }
 
-impl std::fmt::Debug for CompletionEngine {
+impl std::fmt::Debug for Poller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompletionEngine")
+        f.debug_struct("Poller")
             .field("mode", &self.mode)
-            .field("stats", &self.stats())
-            .finish()
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
     }
 }
 
-impl CompletionEngine {
-    /// Starts a thread polling `cqs`; every completion goes to
-    /// `handler(index of its CQ in cqs, completion)`. The handler runs on
-    /// the engine thread and should be quick (e.g. push into a channel).
-    pub fn start<H>(
-        config: EngineConfig,
-        cqs: Vec<Arc<CompletionQueue>>,
-        handler: H,
-    ) -> Result<Self, EngineError>
-    where
-        H: FnMut(usize, &WorkCompletion) + Send + 'static,
-    {
+impl Poller {
+    /// A poller over `cqs` (every mode but busy needs them on one
+    /// completion channel).
+    pub fn new(cqs: Vec<Arc<CompletionQueue>>, mode: PollMode) -> Result<Poller, EngineError> {
         if cqs.is_empty() {
             return Err(EngineError::NoCqs);
         }
-        let channel = match config.mode {
-            PollMode::Busy => None,
+        let channel = match mode {
+            PollMode::Busy => shared_channel(&cqs),
             mode => Some(shared_channel(&cqs).ok_or(EngineError::ChannelMismatch(mode))?),
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(SharedStats::default());
-        let mode = config.mode;
-        let worker = Worker {
-            config: config.clone(),
+        Ok(Poller {
             cqs,
             channel,
-            handler,
-            stop: stop.clone(),
-            stats: stats.clone(),
-            buf: Vec::with_capacity(config.batch.max(1)),
-        };
-        let thread = std::thread::Builder::new()
-            .name(config.thread_name)
-            .spawn(move || worker.run())
-            .map_err(EngineError::Spawn)?;
-        Ok(Self {
-            stop,
-            stats,
-            thread: Some(thread),
             mode,
+            tuner: match mode {
+                PollMode::Auto { max } => Some(SpinTuner::new(max)),
+                _ => None,
+            },
+            batch: 64,
+            wait_slice: WAIT_SLICE,
+            last_work: Instant::now(),
+            slept: false,
+            stats: EngineStats::default(),
         })
     }
 
-    /// The engine's mode.
+    /// Sleeps last at most `slice` (default [`WAIT_SLICE`]).
+    pub fn with_wait_slice(mut self, slice: Duration) -> Poller {
+        self.wait_slice = slice;
+        self
+    }
+
+    /// The mode.
     pub fn mode(&self) -> PollMode {
         self.mode
     }
 
-    /// Current counters.
+    /// The counters.
     pub fn stats(&self) -> EngineStats {
-        self.stats.snapshot()
+        self.stats
     }
 
-    /// True while the thread runs (it stops on its own only after an error).
-    pub fn is_running(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
-    }
-
-    /// Stops the thread, waits for it, and returns the final counters (or
-    /// the error that ended it early).
-    pub fn shutdown(mut self) -> Result<EngineStats, EngineError> {
-        self.stop_and_join()?;
-        Ok(self.stats.snapshot())
-    }
-
-    fn stop_and_join(&mut self) -> Result<(), EngineError> {
-        self.stop.store(true, Ordering::Release);
-        match self.thread.take() {
-            None => Ok(()),
-            Some(t) => t.join().map_err(|_| EngineError::HandlerPanicked)?,
+    /// One poll round over every CQ, without waiting: each completion goes
+    /// to `f` with the index of its CQ. Returns how many there were.
+    pub fn poll_with(
+        &mut self,
+        mut f: impl FnMut(usize, WorkCompletion),
+    ) -> Result<usize, VerbsError> {
+        let mut total = 0;
+        for (i, cq) in self.cqs.iter().enumerate() {
+            total += cq.poll_with(self.batch, |wc| f(i, wc))?;
         }
+        self.stats.polls += 1;
+        self.stats.completions += total as u64;
+        if total == 0 {
+            self.stats.empty_polls += 1;
+        }
+        Ok(total)
     }
-}
 
-impl Drop for CompletionEngine {
-    fn drop(&mut self) {
-        let _ = self.stop_and_join();
+    /// One poll round into `out` (appended), without waiting.
+    pub fn poll(&mut self, out: &mut Vec<WorkCompletion>) -> Result<usize, VerbsError> {
+        self.poll_with(|_, wc| out.push(wc))
+    }
+
+    /// Polls; when nothing is there, spins once or sleeps (for at most the
+    /// wait slice) as the mode says, then returns. Completions go to `f`;
+    /// returns how many there were (none when the wait ended empty).
+    pub fn wait_with(
+        &mut self,
+        mut f: impl FnMut(usize, WorkCompletion),
+    ) -> Result<usize, VerbsError> {
+        let n = self.poll_with(&mut f)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        let idle = self.last_work.elapsed();
+        let sleep = match self.mode {
+            PollMode::Busy => false,
+            PollMode::Event => true,
+            PollMode::Adaptive { spin } => idle >= spin,
+            PollMode::Auto { .. } => {
+                idle >= self
+                    .tuner
+                    .as_ref()
+                    .map_or(Duration::ZERO, SpinTuner::budget)
+            }
+        };
+        let Some(channel) = self.channel.clone().filter(|_| sleep) else {
+            std::hint::spin_loop();
+            return Ok(0);
+        };
+        for cq in &self.cqs {
+            cq.req_notify(false)?;
+        }
+        self.stats.arms += 1;
+        // Completions that came before arming.
+        let n = self.poll_with(&mut f)?;
+        if n > 0 {
+            // The CQs stay armed; the event that may follow only costs a
+            // harmless extra poll round.
+            return Ok(n);
+        }
+        match channel.get_event(Some(self.wait_slice))? {
+            Some(_) => self.stats.events += 1,
+            None => self.stats.wait_timeouts += 1,
+        }
+        self.slept = true;
+        Ok(0)
+    }
+
+    /// [`Poller::wait_with`] into `out` (appended).
+    pub fn wait(&mut self, out: &mut Vec<WorkCompletion>) -> Result<usize, VerbsError> {
+        self.wait_with(|_, wc| out.push(wc))
+    }
+
+    /// An awaited completion (the thing the owner waits for: on a server,
+    /// the next call) was among those just polled: `auto` learns how long
+    /// it took to come after the last work. Returns whether it was found
+    /// polling (`true`) or after a sleep.
+    pub fn awaited(&mut self) -> bool {
+        if let Some(t) = self.tuner.as_mut() {
+            t.observe(self.last_work.elapsed());
+        }
+        !self.slept
+    }
+
+    /// The owner did work now: spinning and the next gap count from here.
+    pub fn worked(&mut self) {
+        self.last_work = Instant::now();
+        self.slept = false;
     }
 }
 
@@ -358,96 +372,6 @@ fn shared_channel(cqs: &[Arc<CompletionQueue>]) -> Option<Arc<CompletionChannel>
     cqs.iter()
         .all(|cq| cq.channel().is_some_and(|c| Arc::ptr_eq(c, &first)))
         .then_some(first)
-}
-
-struct Worker<H> {
-    config: EngineConfig,
-    cqs: Vec<Arc<CompletionQueue>>,
-    channel: Option<Arc<CompletionChannel>>,
-    handler: H,
-    stop: Arc<AtomicBool>,
-    stats: Arc<SharedStats>,
-    buf: Vec<WorkCompletion>,
-}
-
-impl<H: FnMut(usize, &WorkCompletion)> Worker<H> {
-    fn run(mut self) -> Result<(), EngineError> {
-        let mut idle_since: Option<Instant> = None;
-        let mut tuner = match self.config.mode {
-            PollMode::Auto { max } => Some(SpinTuner::new(max)),
-            _ => None,
-        };
-        while !self.stop.load(Ordering::Acquire) {
-            if self.poll_all()? > 0 {
-                // Every completion is awaited alike here.
-                if let (Some(t), Some(since)) = (tuner.as_mut(), idle_since) {
-                    t.observe(since.elapsed());
-                }
-                idle_since = None;
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            let sleep_now = match self.config.mode {
-                PollMode::Busy => false,
-                PollMode::Event => true,
-                PollMode::Adaptive { spin } => since.elapsed() >= spin,
-                PollMode::Auto { .. } => {
-                    since.elapsed() >= tuner.as_ref().map_or(Duration::ZERO, SpinTuner::budget)
-                }
-            };
-            if !sleep_now {
-                std::hint::spin_loop();
-                continue;
-            }
-            self.arm_and_wait()?;
-        }
-        Ok(())
-    }
-
-    /// One poll round over every CQ; returns the number of completions.
-    fn poll_all(&mut self) -> Result<usize, EngineError> {
-        let mut total = 0;
-        for (i, cq) in self.cqs.iter().enumerate() {
-            self.buf.clear();
-            let n = cq.poll(&mut self.buf, self.config.batch.max(1))?;
-            // Counted before dispatch, so whoever sees a completion also
-            // sees it counted.
-            self.stats
-                .completions
-                .fetch_add(n as u64, Ordering::Relaxed);
-            for wc in &self.buf {
-                (self.handler)(i, wc);
-            }
-            total += n;
-        }
-        self.stats.polls.fetch_add(1, Ordering::Relaxed);
-        if total == 0 {
-            self.stats.empty_polls.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(total)
-    }
-
-    /// Arms every CQ, re-polls to close the arm/complete race, and sleeps
-    /// on the channel for at most one wait slice if still nothing.
-    fn arm_and_wait(&mut self) -> Result<(), EngineError> {
-        let Some(channel) = self.channel.clone() else {
-            return Ok(());
-        };
-        for cq in &self.cqs {
-            cq.req_notify(false)?;
-        }
-        self.stats.arms.fetch_add(1, Ordering::Relaxed);
-        if self.poll_all()? > 0 {
-            // The CQs stay armed; the event that may follow only causes a
-            // harmless extra poll round.
-            return Ok(());
-        }
-        match channel.get_event(Some(self.config.wait_slice))? {
-            Some(_) => self.stats.events.fetch_add(1, Ordering::Relaxed),
-            None => self.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed),
-        };
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -550,8 +474,8 @@ mod tests {
     }
 
     #[test]
-    fn engine_needs_cqs() {
-        let r = CompletionEngine::start(EngineConfig::default(), Vec::new(), |_, _| {});
+    fn poller_needs_cqs() {
+        let r = Poller::new(Vec::new(), PollMode::Busy);
         assert!(matches!(r, Err(EngineError::NoCqs)));
     }
 }

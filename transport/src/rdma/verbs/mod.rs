@@ -36,8 +36,10 @@
 //! Ordering between CPU access and device access is the caller's protocol
 //! (e.g. read a receive buffer after its completion was polled).
 //!
-//! Three exceptions hand out shared references, each with a proof that
-//! nothing writes the bytes meanwhile: a region given up as `Bytes`
+//! Four exceptions hand out shared references, each with a proof that
+//! nothing writes the bytes meanwhile: a received message lent out of its
+//! receive buffer ([`RecvRing`]: the buffer is not posted again while the
+//! loan lives); a region given up as `Bytes`
 //! ([`MemoryRegion::into_bytes`]: deregistered first); a window-only region
 //! lent as `Bytes` ([`MemoryRegion::lend`]: no rkey of its own, no `Sge`,
 //! and no live window holds it, since a window keeps every region it was
@@ -50,6 +52,7 @@ mod device;
 mod mr;
 mod mw;
 mod qp;
+mod recv;
 
 use std::io;
 use std::time::Duration;
@@ -67,6 +70,7 @@ pub use device::{Context, DeviceAttrs, DeviceList};
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteBuf, Sge};
 pub use mw::{next_rkey, MemoryWindow, MwAccess};
 pub use qp::{QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr};
+pub use recv::RecvRing;
 
 /// Text every "no device" error carries, pointing at the Soft-RoCE VM.
 pub const NO_DEVICE_HINT: &str =

@@ -13,7 +13,7 @@
 //!   its DDP-eligible item when it has one (READ data, the READLINK path),
 //!   else a Reply chunk sized for the largest reply.
 
-use super::reduce::ReducingSink;
+use crate::reduce::ReducingSink;
 use bytes::Bytes;
 use nfsrdma_xdr::rpcrdma::{
     ChunkLists, FixedHeader, RdmaBody, RdmaError, RdmaHeader, RdmaSegment, ReadSegment, WriteChunk,

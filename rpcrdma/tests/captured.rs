@@ -6,8 +6,8 @@
 //! calls, with results that decode.
 
 use bytes::Bytes;
-use nfsrdma_transport::rpcrdma::requester::{self, CallPlan, CallShape, Reply, ReplyMessage};
-use nfsrdma_transport::rpcrdma::responder::{self, IncomingCall, Received, ResponderConfig};
+use nfsrdma_rpcrdma::requester::{self, CallPlan, CallShape, Reply, ReplyMessage};
+use nfsrdma_rpcrdma::responder::{self, IncomingCall, Received, ResponderConfig};
 use nfsrdma_xdr::nfs3::{Nfs3Args, Nfs3Res, NfsProc3, NfsResult};
 use nfsrdma_xdr::rpc::{AcceptStat, MessageBody, ReplyBody};
 use nfsrdma_xdr::rpcrdma::{proc_, RdmaHeader};

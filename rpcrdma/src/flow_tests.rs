@@ -2,8 +2,8 @@
 //! simulated on plain buffers, and golden header layouts of the calls the
 //! Linux client sends.
 
-use super::requester::{self, CallShape, ReplyExpect, ReplyMessage, RequesterConfig};
-use super::responder::{self, Fault, IncomingCall, Received, ReplyShape, ResponderConfig};
+use crate::requester::{self, CallShape, ReplyExpect, ReplyMessage, RequesterConfig};
+use crate::responder::{self, Fault, IncomingCall, Received, ReplyShape, ResponderConfig};
 use bytes::{Bytes, BytesMut};
 use nfsrdma_xdr::nfs3::*;
 use nfsrdma_xdr::rpc::{AcceptStat, OpaqueAuth, RpcMessage};

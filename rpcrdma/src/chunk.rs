@@ -1,26 +1,5 @@
-//! The RPC-over-RDMA version 1 protocol core (RFC 8166, with the NFS
-//! binding of RFC 8267 and remote invalidation of RFC 8797), free of I/O.
-//!
-//! Pure functions and plain data, deterministic, tested and fuzzed on any
-//! machine; the verbs drivers only carry out what these plans say.
-//!
-//! - [`responder`]: turns a received transport header into the RDMA Reads
-//!   that assemble the call, and an encoded reply into a [`responder::ReplyPlan`]:
-//!   which bytes go by RDMA Write into which Write-chunk segments or the
-//!   Reply chunk, what is sent inline, the reply header with the lengths
-//!   actually written, whether Send With Invalidate may be used and with
-//!   which R_key, or the RDMA_ERROR to send instead.
-//! - [`requester`]: decides how a call travels (inline, a Read chunk for
-//!   its DDP-eligible payload, or a Position-Zero Read chunk for a long
-//!   call) and which chunks the reply needs (a Write chunk for READ data
-//!   and READLINK, a Reply chunk for large replies), builds the call header
-//!   once the memory is registered, and parses the reply header.
-//! - [`reduce`]: the XDR sink that moves a DDP-eligible item out of the
-//!   stream.
-
-pub mod reduce;
-pub mod requester;
-pub mod responder;
+//! Filling the peer's Write chunks: which bytes go to which segment, and
+//! the chunk as the responder echoes it (RFC 8166 §4.3.2).
 
 use nfsrdma_xdr::rpcrdma::{RdmaSegment, WriteChunk};
 use nfsrdma_xdr::Payload;
@@ -113,6 +92,3 @@ mod tests {
         assert!(unused_chunk(&c).segments.0.iter().all(|s| s.length == 0));
     }
 }
-
-#[cfg(test)]
-mod flow_tests;

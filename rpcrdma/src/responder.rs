@@ -26,8 +26,8 @@
 //!   when every segment of the call (Read list, Write list, Reply chunk)
 //!   carries the same R_key, which is then invalidated.
 
-use super::reduce::ReducingSink;
-use super::{fill_chunk, unused_chunk, WriteOp};
+use crate::chunk::{fill_chunk, unused_chunk, WriteOp};
+use crate::reduce::ReducingSink;
 use bytes::Bytes;
 use nfsrdma_xdr::rpcrdma::{
     proc_, ChunkLists, FixedHeader, RdmaBody, RdmaError, RdmaHeader, RdmaSegment, WriteChunk,
@@ -326,6 +326,48 @@ impl IncomingCall {
             item
         };
         Ok(Decoder::with_ddp(stream, pos, item))
+    }
+}
+
+/// Why an assembled call is answered with ERR_CHUNK instead of being run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CallHeaderError {
+    /// The RPC header does not decode.
+    #[error("the RPC header does not decode")]
+    Undecodable,
+    /// The RPC XID is not the transport header's `rdma_xid`.
+    #[error("RPC XID {rpc:#x} differs from rdma_xid {rdma:#x}")]
+    XidMismatch {
+        /// The transport header's XID.
+        rdma: u32,
+        /// The RPC header's XID.
+        rpc: u32,
+    },
+    /// A REPLY where a call was expected.
+    #[error("an RPC reply where a call was expected")]
+    NotACall,
+}
+
+/// Decodes the RPC header of an assembled call and checks it against the
+/// transport header: RFC 8166 §4.1 has `rdma_xid` equal the RPC XID, and a
+/// message where they differ (or whose RPC header does not decode, or is a
+/// reply) is a transport fault answered with ERR_CHUNK. Leaves `d` at the
+/// procedure's arguments.
+pub fn call_header(
+    d: &mut Decoder,
+    rdma_xid: u32,
+) -> Result<nfsrdma_xdr::rpc::CallBody, CallHeaderError> {
+    use nfsrdma_xdr::rpc::{MessageBody, RpcMessage};
+    let h = RpcMessage::decode(d).map_err(|_| CallHeaderError::Undecodable)?;
+    if h.xid != rdma_xid {
+        return Err(CallHeaderError::XidMismatch {
+            rdma: rdma_xid,
+            rpc: h.xid,
+        });
+    }
+    match h.body {
+        MessageBody::Call(c) => Ok(c),
+        MessageBody::Reply(_) => Err(CallHeaderError::NotACall),
     }
 }
 

@@ -1,0 +1,585 @@
+//! The state of one RPC-over-RDMA connection, and every rule that spans
+//! more than one message. No verbs, no clock, no threads: the driver feeds
+//! it events and carries out the work it yields, in order.
+//!
+//! ```text
+//!  driver                                  Connection
+//!  ------                                  ----------
+//!  receive completed (buffer, bytes) ----> received()
+//!  work request completed / failed  ----> completed() / failed()
+//!  landing memory for a call's Reads ----> land()
+//!  the application's reply          ----> send_reply() / reject() / no_reply()
+//!  post what poll_work() yields     <---- Work: receives, Read chains, Write+Send chains
+//!  run what poll_event() yields     <---- Event: NeedsReads, Call, Closed
+//! ```
+//!
+//! Where each rule is decided:
+//!
+//! | rule | file |
+//! | --- | --- |
+//! | receive buffers: posted before credit is granted, held by a message until it is done | [`recv`] |
+//! | credits granted, used, overrun (RFC 8166 §3.3) | [`credits`] |
+//! | send queue depth, send slots, which work requests ask for a completion | [`sendq`] |
+//! | RDMA Read depth and the order waiting Reads go out | [`reads`] |
+//! | the life of an incoming call: classification, resources, reply, RDMA_ERROR | [`serve`] |
+//! | the message-level rules (header checks, XID, reply planning, Send With Invalidate) | [`crate::responder`] |
+//!
+//! # Policies
+//! - **Resources, not queues.** A message holds its receive buffer from its
+//!   receive completion until its reply (or RDMA_ERROR) is posted, or it is
+//!   dropped; the buffer is posted again then, before the reply's Send. So
+//!   a connection never holds more messages than it has receive buffers,
+//!   and a requester that ignores its credits finds no receive posted: its
+//!   extra Sends wait in its own queue (receiver-not-ready retries), not in
+//!   ours. Nothing here grows with what the peer sends.
+//! - A started call holds a send slot (for its reply) and, when it has
+//!   chunks, a chunk buffer, from the start until its reply's Send
+//!   completes (the chunk buffer only while data was copied into it).
+//!   Calls start in arrival order; the oldest waits for what it needs, and
+//!   the rest wait behind it.
+//! - Every failed work request ends the connection (RFC 8166 §4.4 leaves
+//!   no way to resume one whose RDMA operation failed).
+//!
+//! # Memory bound
+//! Whatever the peer sends, one connection holds at most
+//! [`Config::memory_bound`] bytes of messages and reply data in this
+//! state and in the buffers it accounts for (see [`Footprint`]).
+
+pub mod credits;
+pub mod reads;
+pub mod recv;
+pub mod sendq;
+pub mod serve;
+
+use bytes::Bytes;
+use std::collections::VecDeque;
+
+pub use serve::CallId;
+
+/// A work request's id: what it is, and which buffer, slot or call it
+/// belongs to. The driver passes it through verbs unchanged and hands it
+/// back with the completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WrId(pub u64);
+
+/// Kinds of work requests, in the top byte of a [`WrId`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WrKind {
+    /// A receive.
+    Recv = 1,
+    /// A Send (or Send With Invalidate).
+    Send = 2,
+    /// An RDMA Write.
+    Write = 3,
+    /// An RDMA Read.
+    Read = 4,
+}
+
+impl WrId {
+    const VALUE_BITS: u32 = 56;
+
+    pub(crate) fn new(kind: WrKind, value: u64) -> WrId {
+        WrId((kind as u64) << Self::VALUE_BITS | (value & ((1 << Self::VALUE_BITS) - 1)))
+    }
+
+    /// The kind, if the top byte names one.
+    pub fn kind(self) -> Option<WrKind> {
+        match self.0 >> Self::VALUE_BITS {
+            1 => Some(WrKind::Recv),
+            2 => Some(WrKind::Send),
+            3 => Some(WrKind::Write),
+            4 => Some(WrKind::Read),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn value(self) -> u64 {
+        self.0 & ((1 << Self::VALUE_BITS) - 1)
+    }
+
+    /// The receive buffer of a receive's id.
+    pub fn recv_buffer(self) -> Option<u32> {
+        (self.kind() == Some(WrKind::Recv)).then(|| self.value() as u32)
+    }
+}
+
+/// A range of the peer's registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteSeg {
+    /// The peer's R_key.
+    pub rkey: u32,
+    /// The peer's address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u32,
+}
+
+/// A piece of local memory a driver names in a work request (a registered
+/// store block, a copy in a chunk buffer, ...). The core needs only its
+/// length.
+pub trait Piece {
+    /// Bytes.
+    fn len(&self) -> usize;
+
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Piece for Bytes {
+    fn len(&self) -> usize {
+        Bytes::len(self)
+    }
+}
+
+/// One RDMA Read: from the peer's memory into `offset` of the call's
+/// landing block `block` (the blocks the driver named in
+/// [`Connection::land`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOp {
+    /// Index of the landing block.
+    pub block: u32,
+    /// Offset in it.
+    pub offset: u32,
+    /// The peer's memory.
+    pub remote: RemoteSeg,
+}
+
+/// One send-queue work request of a chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr<L> {
+    /// Its id.
+    pub wr: WrId,
+    /// Asks for a completion. An unsignaled one is covered by the next
+    /// signaled one (a queue pair completes its work in order).
+    pub signaled: bool,
+    /// What it does.
+    pub op: SendOp<L>,
+}
+
+/// What a send-queue work request does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOp<L> {
+    /// A Send of `message` (header and inline part, in order) from send
+    /// slot `slot`; a Send With Invalidate of `invalidate` when set.
+    Send {
+        /// The send buffer to copy the message into.
+        slot: u32,
+        /// The message.
+        message: Vec<Bytes>,
+        /// The peer's R_key to invalidate.
+        invalidate: Option<u32>,
+    },
+    /// An RDMA Write of `local` (gathered in order) to `remote`, for the
+    /// reply whose Send will use `slot`: the pieces must stay as they are
+    /// until [`Connection::poll_released`] yields that slot.
+    Write {
+        /// The local pieces.
+        local: Vec<L>,
+        /// The peer's memory.
+        remote: RemoteSeg,
+        /// The reply's send slot.
+        slot: u32,
+    },
+}
+
+/// Work for the driver, to be carried out in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work<L> {
+    /// Post receive buffer `buffer` with id `wr`.
+    Recv {
+        /// The buffer.
+        buffer: u32,
+        /// The id.
+        wr: WrId,
+    },
+    /// Post `reads` for `call` as one chain whose last request alone is
+    /// signaled, with `wr`; the others carry `quiet` (reported only if
+    /// they fail).
+    Reads {
+        /// The call.
+        call: CallId,
+        /// The reads, in order.
+        reads: Vec<ReadOp>,
+        /// The last one's id.
+        wr: WrId,
+        /// The others' id.
+        quiet: WrId,
+    },
+    /// Post these send-queue work requests as one chain.
+    Send(Vec<SendWr<L>>),
+}
+
+/// What the application is to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The call needs its Read chunks read: the driver finds landing
+    /// memory for them and answers with [`Connection::land`] (or
+    /// [`Connection::reject`]).
+    NeedsReads(CallId),
+    /// The call is ready to run (its chunks read, if any): the driver
+    /// assembles it and answers with [`Connection::send_reply`],
+    /// [`Connection::reject`] or [`Connection::no_reply`].
+    Call(CallId),
+    /// The connection is over; nothing more will be yielded.
+    Closed(ConnError),
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// Work requests were flushed before any failed: the queue pair left
+    /// the connected state, as it does when the peer disconnects.
+    #[error("work requests flushed: the queue pair is no longer connected")]
+    Flushed,
+    /// A work request failed.
+    #[error("{what} failed: {detail}")]
+    Failed {
+        /// Which kind of work request.
+        what: &'static str,
+        /// The status.
+        detail: String,
+    },
+    /// The peer broke the protocol in a way that leaves no way to go on.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The driver broke the core's contract (a bug, never the peer).
+    #[error("driver contract: {0}")]
+    Driver(String),
+    /// The driver closed it.
+    #[error("closed")]
+    Closed,
+}
+
+/// A connection's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Receive buffers posted (each [`Config::inline_recv`] bytes), which
+    /// is also the credits granted: at most this many calls are held at
+    /// once.
+    pub credits: u32,
+    /// Send buffers (each [`Config::inline_send`] bytes): one per started
+    /// call, held until its reply's Send completes.
+    pub send_slots: u32,
+    /// Work requests the send queue holds.
+    pub sq_depth: u32,
+    /// RDMA Reads we may have outstanding towards the peer (the initiator
+    /// depth agreed at connect time).
+    pub read_depth: u32,
+    /// Chunk buffers (staging memory for reply data that is not in
+    /// registered memory): calls with chunks in progress at once.
+    pub chunk_buffers: u32,
+    /// Bytes of one chunk buffer; also the largest call assembled from
+    /// chunks.
+    pub chunk_size: u32,
+    /// Scatter/gather entries per RDMA Write.
+    pub max_sge: u32,
+    /// One reply Send in this many asks for a completion (see
+    /// [`sendq`]).
+    pub signal_every: u32,
+    /// Largest message we send inline.
+    pub inline_send: u32,
+    /// Our receive buffers' size.
+    pub inline_recv: u32,
+    /// The peer accepts Send With Invalidate.
+    pub remote_invalidation: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            credits: 128,
+            send_slots: 128,
+            sq_depth: 512,
+            read_depth: 16,
+            chunk_buffers: 4,
+            chunk_size: (1 << 20) + (64 << 10),
+            max_sge: 16,
+            signal_every: 1,
+            inline_send: 4096,
+            inline_recv: 4096,
+            remote_invalidation: false,
+        }
+    }
+}
+
+impl Config {
+    /// The most bytes one connection's messages and reply data take,
+    /// whatever the peer does: every receive buffer held by a message,
+    /// every send slot with a reply waiting or in flight, every chunk
+    /// buffer with landing memory of the largest call and with staged
+    /// reply data.
+    pub fn memory_bound(&self) -> u64 {
+        let c = u64::from(self.credits) * u64::from(self.inline_recv);
+        let s = u64::from(self.send_slots) * u64::from(self.inline_send);
+        let k = 2 * u64::from(self.chunk_buffers) * u64::from(self.chunk_size);
+        c + s + k
+    }
+
+    fn checked(mut self) -> Config {
+        self.credits = self.credits.max(1);
+        self.send_slots = self.send_slots.max(1);
+        self.sq_depth = self.sq_depth.max(4);
+        self.read_depth = self.read_depth.max(1);
+        self.chunk_buffers = self.chunk_buffers.max(1);
+        self.max_sge = self.max_sge.max(1);
+        self.signal_every = self.signal_every.max(1);
+        self
+    }
+}
+
+/// Counters of one connection (a snapshot; add them up across
+/// connections as the report needs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Calls received.
+    pub calls: u64,
+    /// Calls that arrived entirely inline.
+    pub inline_calls: u64,
+    /// Calls with Read chunks.
+    pub chunked_calls: u64,
+    /// Replies sent inline.
+    pub inline_replies: u64,
+    /// Replies sent through the Reply chunk.
+    pub reply_chunk_replies: u64,
+    /// Bytes moved by RDMA Read.
+    pub read_bytes: u64,
+    /// Bytes moved by RDMA Write.
+    pub write_bytes: u64,
+    /// Plain Sends.
+    pub sends: u64,
+    /// Sends With Invalidate.
+    pub sends_with_inv: u64,
+    /// Reply Sends posted without asking for a completion.
+    pub unsignaled_sends: u64,
+    /// RDMA_ERROR ERR_VERS sent.
+    pub err_vers: u64,
+    /// RDMA_ERROR ERR_CHUNK sent.
+    pub err_chunk: u64,
+    /// Messages dropped without a reply.
+    pub discarded: u64,
+    /// RDMA Read chains posted.
+    pub read_chains: u64,
+}
+
+/// What a connection holds now, against [`Config::memory_bound`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Receive buffers held by messages.
+    pub held_receives: u32,
+    /// Send slots in use (reserved by a call, or by a Send in flight).
+    pub send_slots: u32,
+    /// Chunk buffers in use.
+    pub chunk_buffers: u32,
+    /// Bytes of landing memory asked for (calls being read).
+    pub landing_bytes: u64,
+    /// Send-queue entries in use.
+    pub sq_entries: u32,
+    /// RDMA Reads outstanding.
+    pub reads: u32,
+}
+
+impl Footprint {
+    /// Bytes these take, counted as [`Config::memory_bound`] counts them.
+    pub fn bytes(&self, cfg: &Config) -> u64 {
+        u64::from(self.held_receives) * u64::from(cfg.inline_recv)
+            + u64::from(self.send_slots) * u64::from(cfg.inline_send)
+            + u64::from(self.chunk_buffers) * u64::from(cfg.chunk_size)
+            + self.landing_bytes
+    }
+}
+
+/// One RPC-over-RDMA connection, responder side (the side that answers
+/// calls).
+#[derive(Debug)]
+pub struct Connection<L> {
+    cfg: Config,
+    recv: recv::RecvBuffers,
+    credits: credits::Credits,
+    sendq: sendq::SendQueue,
+    reads: reads::ReadScheduler,
+    serve: serve::Serve<L>,
+    work: VecDeque<Work<L>>,
+    events: VecDeque<Event>,
+    released: VecDeque<u32>,
+    stats: Stats,
+    closed: Option<ConnError>,
+}
+
+impl<L: Piece> Connection<L> {
+    /// A connection with `cfg`; its first work posts every receive buffer
+    /// (before any credit is granted, RFC 8166 §3.3.1).
+    pub fn new(cfg: Config) -> Connection<L> {
+        let cfg = cfg.checked();
+        let mut c = Connection {
+            recv: recv::RecvBuffers::new(cfg.credits),
+            credits: credits::Credits::new(cfg.credits),
+            sendq: sendq::SendQueue::new(&cfg),
+            reads: reads::ReadScheduler::new(cfg.read_depth),
+            serve: serve::Serve::new(&cfg),
+            work: VecDeque::new(),
+            events: VecDeque::new(),
+            released: VecDeque::new(),
+            stats: Stats::default(),
+            closed: None,
+            cfg,
+        };
+        for b in 0..c.cfg.credits {
+            c.recv.post(b);
+            c.work.push_back(Work::Recv {
+                buffer: b,
+                wr: recv::wr_id(b),
+            });
+        }
+        c
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The next work to carry out, in order.
+    pub fn poll_work(&mut self) -> Option<Work<L>> {
+        self.work.pop_front()
+    }
+
+    /// The next thing for the application to do.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The next send slot whose Send has completed: what the driver kept
+    /// for it (the Writes' local pieces, the send buffer) is free.
+    pub fn poll_released(&mut self) -> Option<u32> {
+        self.released.pop_front()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// What the connection holds now.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            held_receives: self.recv.held(),
+            send_slots: self.cfg.send_slots - self.sendq.free_slots(),
+            chunk_buffers: self.serve.chunk_buffers_in_use(),
+            landing_bytes: self.serve.landing_bytes(),
+            sq_entries: self.sendq.in_use(),
+            reads: self.reads.outstanding(),
+        }
+    }
+
+    /// True once the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    /// True when nothing is in progress: no message held, no work request
+    /// outstanding but the posted receives (a connection that went quiet).
+    pub fn is_idle(&self) -> bool {
+        let f = self.footprint();
+        f.held_receives == 0
+            && f.send_slots == self.sendq.unreaped_slots()
+            && f.chunk_buffers == 0
+            && f.landing_bytes == 0
+            && f.reads == 0
+            && self.work.is_empty()
+            && self.events.is_empty()
+    }
+
+    /// A work request completed successfully (a signaled one; it stands
+    /// for the unsignaled ones before it on the send queue).
+    pub fn completed(&mut self, wr: WrId) {
+        if self.closed.is_some() {
+            return;
+        }
+        match wr.kind() {
+            Some(WrKind::Send | WrKind::Write | WrKind::Read) => match self.sendq.complete(wr) {
+                Ok(released) => {
+                    for r in released {
+                        self.release(r);
+                    }
+                    self.progress();
+                }
+                Err(e) => self.close(ConnError::Driver(e)),
+            },
+            Some(WrKind::Recv) => self.close(ConnError::Driver(
+                "a receive's completion must come through received()".into(),
+            )),
+            None => self.close(ConnError::Driver(format!(
+                "completion of unknown work request {:#x}",
+                wr.0
+            ))),
+        }
+    }
+
+    /// A work request failed (`flushed`: the queue pair left the connected
+    /// state before running it).
+    pub fn failed(&mut self, wr: WrId, flushed: bool, detail: &str) {
+        if self.closed.is_some() {
+            return;
+        }
+        if flushed {
+            return self.close(ConnError::Flushed);
+        }
+        let what = match wr.kind() {
+            Some(WrKind::Recv) => "receive",
+            Some(WrKind::Send) => "send",
+            Some(WrKind::Write) => "RDMA Write",
+            Some(WrKind::Read) => "RDMA Read",
+            None => "work request",
+        };
+        self.close(ConnError::Failed {
+            what,
+            detail: detail.to_string(),
+        });
+    }
+
+    /// The driver ends the connection (a disconnect, a stop).
+    pub fn close_now(&mut self) {
+        if self.closed.is_none() {
+            self.close(ConnError::Closed);
+        }
+    }
+
+    fn close(&mut self, e: ConnError) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(e.clone());
+        self.work.clear();
+        self.events.clear();
+        self.events.push_back(Event::Closed(e));
+    }
+
+    fn release(&mut self, r: sendq::Release) {
+        match r {
+            sendq::Release::Nothing => {}
+            sendq::Release::Slot { slot, chunk } => {
+                self.sendq.free_slot(slot);
+                self.released.push_back(slot);
+                if let Some(c) = chunk {
+                    self.serve.free_chunk_buffer(c);
+                }
+            }
+            sendq::Release::ReadChain { call, reads } => {
+                self.reads.chain_done(reads);
+                self.serve.reads_done(call, reads, &mut self.events);
+            }
+        }
+    }
+
+    /// Moves everything that can move: waiting calls start, waiting Reads
+    /// and replies go out.
+    fn progress(&mut self) {
+        if self.closed.is_some() {
+            return;
+        }
+        serve::progress(self);
+    }
+}

@@ -1,0 +1,367 @@
+//! A connection's thread: waits for completions (the completion engine's
+//! [`Poller`]), hands each to the connection core, and carries out what
+//! the core yields: receives posted (once nothing holds their buffer),
+//! RDMA Read chains into landing blocks, RDMA Writes and Sends. It decides
+//! nothing about the protocol.
+
+use super::calls::{self, Landing, Local};
+use super::RdmaStats;
+use crate::service::{CallContext, Service};
+use nfsrdma_rpcrdma::conn::{
+    CallId, ConnError as CoreError, Connection, Event, SendOp, Stats, Work, WrId, WrKind,
+};
+use nfsrdma_transport::rdma::engine::Poller;
+use nfsrdma_transport::rdma::verbs::{
+    Arena, CompletionChannel, CompletionError, CompletionQueue, MemoryRegion, QueuePair, RecvRing,
+    RemoteBuf, SendFlags, SendOp as VerbsOp, SendWr, Sge, VerbsError, WorkCompletion,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A connection's verbs objects and registered memory.
+pub struct Verbs {
+    /// The queue pair.
+    pub qp: Arc<QueuePair>,
+    /// Its completion queue (sends and receives).
+    pub _cq: Arc<CompletionQueue>,
+    /// The completion queue's channel.
+    pub _channel: Arc<CompletionChannel>,
+    /// Receive buffers, one per credit.
+    pub ring: RecvRing,
+    /// Send buffers, one per send slot.
+    pub send_mr: Arc<MemoryRegion>,
+    /// Chunk buffers (reply data that is not in arena memory).
+    pub chunk_mr: Arc<MemoryRegion>,
+    /// The arena of the store's blocks.
+    pub arena: Arc<Arena>,
+    /// Bytes of a send buffer.
+    pub slot_size: usize,
+    /// Bytes of a chunk buffer.
+    pub chunk_size: usize,
+}
+
+/// Why a connection ends.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// A verbs call failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The connection core ended the connection.
+    #[error(transparent)]
+    Core(CoreError),
+    /// Work requests flushed before any failed: the queue pair left the
+    /// connected state, as it does when the peer disconnects.
+    #[error("work requests flushed: the queue pair is no longer connected")]
+    Flushed,
+}
+
+/// One connection: its core and what carries its work out.
+pub struct Conn {
+    core: Connection<Local>,
+    v: Verbs,
+    poller: Poller,
+    service: Arc<Service>,
+    ctx: CallContext,
+    stats: Arc<RdmaStats>,
+    /// The core's counters as last added to `stats`.
+    seen: Stats,
+    /// Calls whose Read chunks are being read.
+    landing: HashMap<CallId, Landing>,
+    /// The signaled Read of each chain in flight, and its call.
+    read_wrs: HashMap<u64, CallId>,
+    /// Per send slot: the reply data its Writes read, kept (and its store
+    /// blocks shared, so not written) until the Send completes.
+    holds: HashMap<u32, Vec<Local>>,
+    /// Receives to post once nothing holds their buffer.
+    deferred: Vec<(u32, WrId)>,
+}
+
+impl Conn {
+    /// A connection; nothing is posted until [`Conn::drive`].
+    pub fn new(
+        core: Connection<Local>,
+        v: Verbs,
+        poller: Poller,
+        service: Arc<Service>,
+        ctx: CallContext,
+        stats: Arc<RdmaStats>,
+    ) -> Conn {
+        stats
+            .credits_granted
+            .store(u64::from(core.config().credits), Ordering::Relaxed);
+        Conn {
+            core,
+            v,
+            poller,
+            service,
+            ctx,
+            stats,
+            seen: Stats::default(),
+            landing: HashMap::new(),
+            read_wrs: HashMap::new(),
+            holds: HashMap::new(),
+            deferred: Vec::new(),
+        }
+    }
+
+    /// Waits for completions and works until `stop` is set or the
+    /// connection ends.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), ConnError> {
+        let mut wcs = Vec::with_capacity(64);
+        loop {
+            if stop.load(Ordering::Acquire) {
+                self.core.close_now();
+                return Ok(());
+            }
+            wcs.clear();
+            if self.poller.wait(&mut wcs)? == 0 {
+                self.post_deferred()?;
+                continue;
+            }
+            // What the thread waits for is the next call: the time it took
+            // to come after the last work (a reply's completion, mostly) is
+            // what `auto` learns, and whether the thread was awake to see
+            // it is what the counters tell.
+            if wcs
+                .iter()
+                .any(|wc| wc.is_ok() && WrId(wc.wr_id).kind() == Some(WrKind::Recv))
+            {
+                let found = if self.poller.awaited() {
+                    &self.stats.polled_calls
+                } else {
+                    &self.stats.woken_calls
+                };
+                found.fetch_add(1, Ordering::Relaxed);
+            }
+            self.poller.worked();
+            for wc in wcs.drain(..) {
+                self.completion(wc)?;
+            }
+            self.drive()?;
+            self.post_deferred()?;
+        }
+    }
+
+    fn completion(&mut self, wc: WorkCompletion) -> Result<(), ConnError> {
+        let wr = WrId(wc.wr_id);
+        if wr.kind() == Some(WrKind::Read) {
+            // The chain's blocks come back to its landing whatever the
+            // status.
+            if let Some(call) = self.read_wrs.remove(&wc.wr_id) {
+                if let Some(l) = self.landing.get_mut(&call) {
+                    l.reads.complete(wc.wr_id);
+                }
+            }
+        }
+        match wc.status {
+            Ok(()) => match wr.recv_buffer() {
+                Some(b) => {
+                    let msg = self.v.ring.take(b as usize, wc.byte_len as usize)?;
+                    self.core.received(wr, msg, wc.invalidated_rkey);
+                }
+                None => self.core.completed(wr),
+            },
+            Err(e) => {
+                if let Some(b) = wr.recv_buffer() {
+                    self.v.ring.cancel(b as usize);
+                }
+                self.core
+                    .failed(wr, matches!(e, CompletionError::Flushed), &e.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out the core's work and runs what it hands over, until
+    /// there is nothing left; an error once the connection is over.
+    pub fn drive(&mut self) -> Result<(), ConnError> {
+        loop {
+            // Slots the completions gave back, before any new work can
+            // reuse them.
+            while let Some(slot) = self.core.poll_released() {
+                self.holds.remove(&slot);
+            }
+            let mut moved = false;
+            while let Some(w) = self.core.poll_work() {
+                moved = true;
+                self.post(w)?;
+            }
+            if let Some(e) = self.core.poll_event() {
+                moved = true;
+                self.event(e)?;
+            }
+            if !moved {
+                break;
+            }
+        }
+        let now = self.core.stats();
+        self.stats.add(&self.seen, &now);
+        self.seen = now;
+        self.stats.receives_held_peak.fetch_max(
+            u64::from(self.core.footprint().held_receives),
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    fn event(&mut self, e: Event) -> Result<(), ConnError> {
+        match e {
+            Event::NeedsReads(id) => {
+                let Some(call) = self.core.call(id) else {
+                    return Ok(());
+                };
+                match calls::land(call, &self.v)? {
+                    Some((l, reads, bytes)) => {
+                        self.landing.insert(id, l);
+                        self.core.land(id, reads, bytes);
+                    }
+                    None => {
+                        tracing::warn!(peer = %self.ctx.peer, "arena exhausted: call refused");
+                        self.core.reject(id);
+                    }
+                }
+            }
+            Event::Call(id) => {
+                let data = match self.landing.remove(&id) {
+                    Some(l) => calls::landed(l)?,
+                    None => Vec::new(),
+                };
+                calls::run(
+                    &mut self.core,
+                    id,
+                    data,
+                    &self.service,
+                    &self.ctx,
+                    &self.v,
+                    &self.stats,
+                )?;
+            }
+            Event::Closed(CoreError::Flushed) => return Err(ConnError::Flushed),
+            Event::Closed(CoreError::Closed) => {}
+            Event::Closed(e) => return Err(ConnError::Core(e)),
+        }
+        Ok(())
+    }
+
+    fn post(&mut self, w: Work<Local>) -> Result<(), ConnError> {
+        match w {
+            Work::Recv { buffer, wr } => {
+                if !self.v.ring.post(&self.v.qp, buffer as usize, wr.0)? {
+                    self.deferred.push((buffer, wr));
+                }
+            }
+            Work::Reads {
+                call,
+                reads,
+                wr,
+                quiet,
+            } => {
+                let l = self.landing.get_mut(&call).ok_or_else(|| {
+                    VerbsError::InvalidArgument(format!("Reads for {call:?}, which has no landing"))
+                })?;
+                calls::post_reads(l, &self.v, &reads, wr.0, quiet.0)?;
+                self.read_wrs.insert(wr.0, call);
+            }
+            Work::Send(chain) => self.post_chain(chain)?,
+        }
+        Ok(())
+    }
+
+    /// Receives whose buffers were still held when the core gave them
+    /// back.
+    fn post_deferred(&mut self) -> Result<(), ConnError> {
+        let mut i = 0;
+        while i < self.deferred.len() {
+            let (b, wr) = self.deferred[i];
+            if self.v.ring.post(&self.v.qp, b as usize, wr.0)? {
+                self.deferred.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// One chain of Writes and Sends, posted in one call (one doorbell).
+    fn post_chain(
+        &mut self,
+        chain: Vec<nfsrdma_rpcrdma::conn::SendWr<Local>>,
+    ) -> Result<(), ConnError> {
+        let v = &self.v;
+        // Each request's scatter/gather list first (the Sends' messages
+        // copied into their send buffers), then the requests over them.
+        let mut sges: Vec<Vec<Sge<'_>>> = Vec::with_capacity(chain.len());
+        for s in &chain {
+            sges.push(match &s.op {
+                SendOp::Send { slot, message, .. } => {
+                    let base = *slot as usize * v.slot_size;
+                    let mut len = 0usize;
+                    for part in message {
+                        if len + part.len() > v.slot_size {
+                            return Err(VerbsError::InvalidArgument(format!(
+                                "a message of more than {} bytes for a send buffer",
+                                v.slot_size
+                            ))
+                            .into());
+                        }
+                        v.send_mr.write_at(base + len, part)?;
+                        len += part.len();
+                    }
+                    vec![v.send_mr.sge(base, len)?]
+                }
+                SendOp::Write { local, .. } => {
+                    let mut list = Vec::with_capacity(local.len());
+                    for p in local {
+                        list.push(match p {
+                            Local::Arena(b) => v.arena.sge_for(b).ok_or_else(|| {
+                                VerbsError::InvalidArgument("reply data left the arena".into())
+                            })?,
+                            Local::Staged { at, len } => v.chunk_mr.sge(*at, *len)?,
+                        });
+                    }
+                    list
+                }
+            });
+        }
+        let wrs: Vec<SendWr<'_>> = chain
+            .iter()
+            .zip(&sges)
+            .map(|(s, sges)| SendWr {
+                wr_id: s.wr.0,
+                op: match &s.op {
+                    SendOp::Send {
+                        invalidate: Some(rkey),
+                        ..
+                    } => VerbsOp::SendWithInv {
+                        sges,
+                        invalidate_rkey: *rkey,
+                    },
+                    SendOp::Send { .. } => VerbsOp::Send { sges },
+                    SendOp::Write { remote, .. } => VerbsOp::RdmaWrite {
+                        sges,
+                        remote: RemoteBuf {
+                            addr: remote.addr,
+                            len: remote.len,
+                            rkey: remote.rkey,
+                        },
+                    },
+                },
+                flags: if s.signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::UNSIGNALED
+                },
+            })
+            .collect();
+        v.qp.post_send(&wrs)?;
+        drop(wrs);
+        drop(sges);
+        for s in chain {
+            if let SendOp::Write { local, slot, .. } = s.op {
+                self.holds.entry(slot).or_default().extend(local);
+            }
+        }
+        Ok(())
+    }
+}

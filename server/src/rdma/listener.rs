@@ -1,0 +1,342 @@
+//! The connection manager thread: listens, answers each connect request
+//! (the RFC 8797 exchange, the Read depth, each connection's verbs
+//! objects), starts its thread, and tears connections down when the peer
+//! goes or the listener stops.
+
+use super::conn::{Conn, ConnError, Verbs};
+use super::{RdmaConfig, RdmaDevice, RdmaStats};
+use crate::service::{CallContext, Service};
+use nfsrdma_rpcrdma::conn::{Config, Connection};
+use nfsrdma_rpcrdma::negotiate::{self, Offer};
+use nfsrdma_transport::rdma::engine::Poller;
+use nfsrdma_transport::rdma::verbs::{
+    Access, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionQueue, ConnParam,
+    ConnectRequest, EventChannel, MemoryRegion, QpCaps, RecvRing, VerbsError,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A running RDMA listener.
+pub struct RdmaListener {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    /// Requests to drop every connection, each with where to answer how
+    /// many were dropped.
+    disconnect: mpsc::Sender<mpsc::Sender<usize>>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<RdmaStats>,
+}
+
+impl RdmaListener {
+    /// Binds, listens and starts the connection manager thread. Fails (with
+    /// the verbs layer's "no RDMA device" message when there is none) if
+    /// the address cannot be bound.
+    pub fn start(
+        service: Arc<Service>,
+        cfg: RdmaConfig,
+        device: Arc<RdmaDevice>,
+    ) -> Result<RdmaListener, VerbsError> {
+        let channel = EventChannel::new()?;
+        let listen = CmId::new(&channel)?;
+        listen.bind_addr(cfg.addr)?;
+        listen.listen(64)?;
+        let port = listen.local_port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(RdmaStats::default());
+        let (s2, st2) = (stop.clone(), stats.clone());
+        let (disconnect, requests) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("rdma-cm".into())
+            .spawn(move || cm_loop(channel, listen, service, cfg, device, s2, st2, requests))
+            .map_err(|e| VerbsError::Call {
+                call: "spawn",
+                source: e,
+            })?;
+        Ok(RdmaListener {
+            port,
+            stop,
+            disconnect,
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// The port listened on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<RdmaStats> {
+        self.stats.clone()
+    }
+
+    /// Disconnects every current connection (as if each peer had gone
+    /// away) and keeps listening: peers may connect again. Returns once
+    /// the connections are torn down, with how many there were (0 when
+    /// the listener is stopped).
+    pub fn disconnect_all(&self) -> usize {
+        let (tx, rx) = mpsc::channel();
+        if self.disconnect.send(tx).is_err() {
+            return 0;
+        }
+        rx.recv().unwrap_or(0)
+    }
+
+    /// Stops listening, disconnects every connection and waits for their
+    /// threads.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RdmaListener {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct ConnHandle {
+    id: Arc<CmId>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ConnHandle {
+    fn shut(mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.id.disconnect();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cm_loop(
+    channel: Arc<EventChannel>,
+    _listen: CmId,
+    service: Arc<Service>,
+    cfg: RdmaConfig,
+    device: Arc<RdmaDevice>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<RdmaStats>,
+    disconnect: mpsc::Receiver<mpsc::Sender<usize>>,
+) {
+    let mut conns: HashMap<CmIdHandle, ConnHandle> = HashMap::new();
+    while !stop.load(Ordering::Acquire) {
+        conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
+        while let Ok(done) = disconnect.try_recv() {
+            let n = conns.len();
+            for (_, c) in conns.drain() {
+                c.shut();
+            }
+            stats
+                .forced_disconnects
+                .fetch_add(n as u64, Ordering::Relaxed);
+            let _ = done.send(n);
+        }
+        let ev = match channel.get_event(Some(Duration::from_millis(100))) {
+            Ok(ev) => ev,
+            Err(VerbsError::Timeout { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "RDMA connection manager event");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        match ev.kind {
+            CmEventKind::ConnectRequest => {
+                let Some(req) = ev.into_request() else {
+                    continue;
+                };
+                match accept(req, &service, &cfg, &device, &stats) {
+                    Ok(c) => {
+                        conns.insert(c.id.handle(), c);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "RDMA connection refused"),
+                }
+            }
+            CmEventKind::Disconnected
+            | CmEventKind::DeviceRemoval
+            | CmEventKind::ConnectError
+            | CmEventKind::Unreachable
+            | CmEventKind::Rejected => {
+                if let Some(c) = conns.remove(&ev.id) {
+                    c.shut();
+                }
+            }
+            _ => {}
+        }
+    }
+    for (_, c) in conns.drain() {
+        c.shut();
+    }
+}
+
+/// Scatter/gather entries per RDMA Write, at most.
+const MAX_SEND_SGE: u32 = 16;
+
+/// Chooses both sides' parameters, sets the connection up (its receives
+/// posted before the first credit is granted) and accepts.
+fn accept(
+    req: ConnectRequest,
+    service: &Arc<Service>,
+    cfg: &RdmaConfig,
+    device: &Arc<RdmaDevice>,
+    stats: &Arc<RdmaStats>,
+) -> Result<ConnHandle, VerbsError> {
+    let offer = Offer::responder(cfg.inline_size);
+    let agreed = negotiate::agree(&offer, Some(&req.param.private_data));
+    let ours = offer.inline;
+    let peer = req
+        .id
+        .peer_addr()
+        .unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
+    let ctx = req.id.context()?;
+    if !ctx.same_as(&device.ctx) {
+        return Err(VerbsError::InvalidArgument(
+            "connection on another RDMA device than the store's".into(),
+        ));
+    }
+    let attrs = ctx.query()?;
+    let pd = device.pd.clone();
+    let channel = CompletionChannel::new(&ctx)?;
+    let credits = cfg.credits.max(1);
+    let sq_depth = (4 * credits).min(attrs.max_qp_wr.max(64));
+    let cq = CompletionQueue::new(&ctx, sq_depth + credits + 16, Some(&channel))?;
+    let max_sge = attrs.max_sge.clamp(1, MAX_SEND_SGE);
+    let caps = QpCaps {
+        max_send_wr: sq_depth,
+        max_recv_wr: credits,
+        max_send_sge: max_sge,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = req.id.create_qp(&pd, &cq, &cq, caps)?;
+    let ring = RecvRing::new(&pd, credits as usize, ours as usize)?;
+    let send_mr = MemoryRegion::new(&pd, credits as usize * ours as usize, Access::LOCAL)?;
+    let chunk_buffers = cfg.chunk_buffers.max(1);
+    let chunk_mr = MemoryRegion::new(&pd, chunk_buffers * cfg.chunk_size(), Access::LOCAL)?;
+    // In the request as the listener sees it, `initiator_depth` bounds the
+    // RDMA Reads we may have outstanding towards the peer and
+    // `responder_resources` the peer's Reads we must serve (none, in this
+    // protocol); both within the device's limits.
+    let read_depth = req
+        .param
+        .initiator_depth
+        .min(attrs.max_qp_init_rd_atom.min(255) as u8)
+        .max(1);
+    let core = Connection::new(Config {
+        credits,
+        send_slots: credits,
+        sq_depth,
+        read_depth: u32::from(read_depth),
+        chunk_buffers: chunk_buffers as u32,
+        chunk_size: cfg.chunk_size() as u32,
+        max_sge,
+        signal_every: cfg.signal_every.max(1),
+        inline_send: agreed.inline_send,
+        inline_recv: ours,
+        remote_invalidation: agreed.peer_accepts_remote_invalidation,
+    });
+    let poller = Poller::new(vec![cq.clone()], cfg.poll)
+        .map_err(|e| VerbsError::InvalidArgument(format!("completion engine: {e}")))?;
+    let accept_param = ConnParam {
+        private_data: offer.message().to_vec(),
+        responder_resources: req
+            .param
+            .responder_resources
+            .min(attrs.max_qp_rd_atom.min(255) as u8),
+        initiator_depth: read_depth,
+        ..ConnParam::default()
+    };
+    let id = Arc::new(req.id);
+    let mut conn = Conn::new(
+        core,
+        Verbs {
+            qp,
+            _cq: cq,
+            _channel: channel,
+            ring,
+            send_mr,
+            chunk_mr,
+            arena: device.arena.clone(),
+            slot_size: ours as usize,
+            chunk_size: cfg.chunk_size(),
+        },
+        poller,
+        service.clone(),
+        CallContext { peer },
+        stats.clone(),
+    );
+    // Receives go up before the first credit is granted.
+    conn.drive()
+        .map_err(|e| VerbsError::InvalidArgument(format!("posting receives: {e}")))?;
+    id.accept(&accept_param)?;
+    stats.connections.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        peer = %peer,
+        credits,
+        inline_send = agreed.inline_send,
+        remote_invalidation = agreed.peer_accepts_remote_invalidation,
+        read_depth,
+        "RDMA connection"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let st = stats.clone();
+    let id2 = id.clone();
+    let thread = std::thread::Builder::new()
+        .name("rdma-conn".into())
+        .spawn(move || {
+            st.open.fetch_add(1, Ordering::Relaxed);
+            match conn.run(&s2) {
+                Ok(()) => {}
+                // The peer disconnected: its queue pair's work is flushed
+                // as the connection manager reports the disconnect, which
+                // stops this thread. Not an error, unless no such report
+                // comes.
+                Err(ConnError::Flushed) if wait_for(&s2, FLUSH_GRACE) => {
+                    tracing::debug!(peer = %peer, "RDMA connection closed by the peer");
+                }
+                Err(e) => {
+                    st.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(peer = %peer, error = %e, "RDMA connection ended");
+                    let _ = id2.disconnect();
+                }
+            }
+            st.open.fetch_sub(1, Ordering::Relaxed);
+        })
+        .map_err(|e| VerbsError::Call {
+            call: "spawn",
+            source: e,
+        })?;
+    Ok(ConnHandle {
+        id,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// How long a connection thread whose work was flushed waits for the
+/// connection manager's report of a disconnect before it counts an error.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits up to `limit` for `flag` to be set; returns whether it was.
+fn wait_for(flag: &AtomicBool, limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    while !flag.load(Ordering::Acquire) {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}

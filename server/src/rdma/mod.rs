@@ -1,0 +1,147 @@
+//! Serving NFSv3 over RPC-over-RDMA version 1 (RFC 8166): the responder
+//! driver.
+//!
+//! Every protocol decision is made by the connection core
+//! ([`nfsrdma_rpcrdma::conn::Connection`]: credits, receive buffers, the
+//! send queue and its signalling, the RDMA Read depth, RDMA_ERROR, Send
+//! With Invalidate) and the message rules it uses
+//! ([`nfsrdma_rpcrdma::responder`]). This driver carries out what the
+//! core yields with the verbs layer, in files of one concern:
+//!
+//! - [`device`]: the RDMA device, its protection domain and the arena the
+//!   stores' file blocks come from (registered once, local access only);
+//! - [`listener`]: the connection manager thread: listening, the RFC 8797
+//!   exchange at connect time, and each connection's verbs objects;
+//! - [`conn`]: a connection's thread: waiting for completions (the
+//!   [`nfsrdma_transport::rdma::engine::Poller`]), handing them to the core,
+//!   posting the work it yields;
+//! - [`calls`]: what a call's data needs from the server: where its Read
+//!   chunks land (so that WRITE data becomes file blocks without a copy),
+//!   running it through the [`crate::service::Service`], and where its
+//!   reply's data is (store blocks as they are, anything else copied into
+//!   the call's chunk buffer);
+//! - [`stats`]: the counters, over all connections.
+//!
+//! Every region the server registers has local access only: the server
+//! never hands an rkey to a peer. A completion error (the peer's memory
+//! refused a Read or Write, the peer went away) ends that connection only:
+//! its queue pair is flushed and everything it held is released.
+
+pub mod calls;
+pub mod conn;
+pub mod device;
+pub mod listener;
+pub mod stats;
+
+pub use device::RdmaDevice;
+pub use listener::RdmaListener;
+pub use stats::RdmaStats;
+
+use nfsrdma_transport::rdma::engine::{PollMode, AUTO_MAX_DEFAULT};
+use nfsrdma_xdr::rpcrdma::CmPrivate;
+use std::net::SocketAddr;
+
+/// RDMA listener settings.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// Address to listen on.
+    pub addr: SocketAddr,
+    /// Credits granted (and receive buffers posted) per connection.
+    pub credits: u32,
+    /// Our inline threshold, both directions (advertised in the RFC 8797
+    /// message; 1 KiB .. 256 KiB).
+    pub inline_size: u32,
+    /// Largest READ/WRITE payload (sizes the chunk buffers).
+    pub max_io: u32,
+    /// Chunk buffers per connection: calls with chunks in progress at once.
+    pub chunk_buffers: usize,
+    /// How connection threads wait for completions.
+    pub poll: PollMode,
+    /// One reply Send in this many asks for a completion (1: every one;
+    /// see `nfsrdma_rpcrdma::conn::sendq` for when a Send is signaled
+    /// anyway).
+    pub signal_every: u32,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            addr: ([0, 0, 0, 0], 20049).into(),
+            credits: 128,
+            inline_size: 4096,
+            max_io: 1 << 20,
+            chunk_buffers: 4,
+            poll: PollMode::Auto {
+                max: AUTO_MAX_DEFAULT,
+            },
+            signal_every: 1,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// Bytes of registered memory one connection holds: receive buffers ×
+    /// credits, send buffers, chunk buffers.
+    pub fn memory_per_connection(&self) -> usize {
+        let inline = CmPrivate::representable(self.inline_size) as usize;
+        let slots = self.credits as usize;
+        slots * inline + slots * inline + self.chunk_buffers * self.chunk_size()
+    }
+
+    /// Bytes of one chunk buffer (and the largest call assembled from
+    /// chunks).
+    pub fn chunk_size(&self) -> usize {
+        self.max_io as usize + 64 * 1024
+    }
+
+    /// The `signal_every` that suits a polling mode when none is asked
+    /// for: 1 with adaptive and auto polling, 16 otherwise. Such a thread
+    /// spins for a while after its last completion; with every reply Send
+    /// signaled, that time counts from when the reply went out (its data
+    /// Writes included) rather than from when the call arrived, so a
+    /// client that sends its next call soon after a large reply still
+    /// finds the thread awake (and `auto` learns the gap between a reply
+    /// and the next call, which is what the client controls). In event
+    /// and busy mode a completion per reply would only cost a wake-up or a
+    /// poll.
+    pub fn default_signal_every(poll: PollMode) -> u32 {
+        match poll {
+            PollMode::Adaptive { .. } | PollMode::Auto { .. } => 1,
+            PollMode::Busy | PollMode::Event => 16,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_polling_signals_every_reply_by_default() {
+        assert_eq!(RdmaConfig::default_signal_every(PollMode::default()), 1);
+        let auto = RdmaConfig::default().poll;
+        assert!(matches!(auto, PollMode::Auto { .. }), "{auto}");
+        assert_eq!(RdmaConfig::default_signal_every(auto), 1);
+        assert_eq!(RdmaConfig::default().signal_every, 1);
+        assert_eq!(
+            RdmaConfig::default_signal_every("adaptive:1000".parse().unwrap()),
+            1
+        );
+        assert_eq!(RdmaConfig::default_signal_every(PollMode::Event), 16);
+        assert_eq!(RdmaConfig::default_signal_every(PollMode::Busy), 16);
+        assert_eq!(
+            RdmaConfig::default().signal_every,
+            RdmaConfig::default_signal_every(RdmaConfig::default().poll)
+        );
+    }
+
+    #[test]
+    fn memory_per_connection_counts_every_buffer() {
+        // 128 receive and 128 send buffers of 4 KiB, 4 chunk buffers of
+        // 1 MiB + 64 KiB.
+        assert_eq!(
+            RdmaConfig::default().memory_per_connection(),
+            2 * 128 * 4096 + 4 * ((1 << 20) + (64 << 10))
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! The RDMA transport's counters, totals over all connections: the
+//! connection cores' own counters ([`nfsrdma_rpcrdma::conn::Stats`]) added
+//! up as they move, and the driver's.
+
+use nfsrdma_rpcrdma::conn::Stats;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of the RDMA transport (totals over all connections).
+#[derive(Debug, Default)]
+pub struct RdmaStats {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Calls received.
+    pub calls: AtomicU64,
+    /// Calls that arrived entirely inline.
+    pub inline_calls: AtomicU64,
+    /// Calls with Read chunks.
+    pub chunked_calls: AtomicU64,
+    /// Replies sent inline.
+    pub inline_replies: AtomicU64,
+    /// Replies sent through the Reply chunk.
+    pub reply_chunk_replies: AtomicU64,
+    /// Bytes moved by RDMA Read.
+    pub read_bytes: AtomicU64,
+    /// Bytes moved by RDMA Write.
+    pub write_bytes: AtomicU64,
+    /// Plain Sends.
+    pub sends: AtomicU64,
+    /// Sends With Invalidate.
+    pub sends_with_inv: AtomicU64,
+    /// Reply Sends posted without asking for a completion (reaped with a
+    /// later one; see [`super::RdmaConfig::signal_every`]).
+    pub unsignaled_sends: AtomicU64,
+    /// RDMA_ERROR ERR_VERS sent.
+    pub err_vers: AtomicU64,
+    /// RDMA_ERROR ERR_CHUNK sent.
+    pub err_chunk: AtomicU64,
+    /// Messages dropped without a reply.
+    pub discarded: AtomicU64,
+    /// The last credit grant.
+    pub credits_granted: AtomicU64,
+    /// Payload bytes copied between chunk buffers and the store.
+    pub payload_copies: AtomicU64,
+    /// Connections ended by an error.
+    pub errors: AtomicU64,
+    /// Connections dropped by [`RdmaListener::disconnect_all`].
+    pub forced_disconnects: AtomicU64,
+    /// Calls found by a connection thread that was polling (busy, or
+    /// spinning after its last completion).
+    pub polled_calls: AtomicU64,
+    /// Calls found by a connection thread that had gone to sleep on the
+    /// completion channel (each a wake-up on the call's path).
+    pub woken_calls: AtomicU64,
+    /// The most receive buffers one connection's messages held at once:
+    /// never more than the credits granted, whatever a peer sends.
+    pub receives_held_peak: AtomicU64,
+}
+
+impl RdmaStats {
+    /// A one-paragraph report.
+    pub fn report(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
+             RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
+             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, \
+             calls found polling {} / after a wake-up {}, receives held at most {}\n",
+            g(&self.connections),
+            g(&self.open),
+            g(&self.calls),
+            g(&self.inline_calls),
+            g(&self.chunked_calls),
+            g(&self.inline_replies),
+            g(&self.reply_chunk_replies),
+            g(&self.read_bytes),
+            g(&self.write_bytes),
+            g(&self.sends),
+            g(&self.sends_with_inv),
+            g(&self.unsignaled_sends),
+            g(&self.err_vers),
+            g(&self.err_chunk),
+            g(&self.discarded),
+            g(&self.credits_granted),
+            g(&self.payload_copies),
+            g(&self.errors),
+            g(&self.polled_calls),
+            g(&self.woken_calls),
+            g(&self.receives_held_peak),
+        )
+    }
+}
+
+impl RdmaStats {
+    /// Adds what a connection's core counted between `before` and `now`.
+    pub fn add(&self, before: &Stats, now: &Stats) {
+        let add = |a: &AtomicU64, was: u64, is: u64| {
+            if is != was {
+                a.fetch_add(is - was, Ordering::Relaxed);
+            }
+        };
+        add(&self.calls, before.calls, now.calls);
+        add(&self.inline_calls, before.inline_calls, now.inline_calls);
+        add(&self.chunked_calls, before.chunked_calls, now.chunked_calls);
+        add(
+            &self.inline_replies,
+            before.inline_replies,
+            now.inline_replies,
+        );
+        add(
+            &self.reply_chunk_replies,
+            before.reply_chunk_replies,
+            now.reply_chunk_replies,
+        );
+        add(&self.read_bytes, before.read_bytes, now.read_bytes);
+        add(&self.write_bytes, before.write_bytes, now.write_bytes);
+        add(&self.sends, before.sends, now.sends);
+        add(
+            &self.sends_with_inv,
+            before.sends_with_inv,
+            now.sends_with_inv,
+        );
+        add(
+            &self.unsignaled_sends,
+            before.unsignaled_sends,
+            now.unsignaled_sends,
+        );
+        add(&self.err_vers, before.err_vers, now.err_vers);
+        add(&self.err_chunk, before.err_chunk, now.err_chunk);
+        add(&self.discarded, before.discarded, now.discarded);
+    }
+}
