@@ -1,13 +1,15 @@
-//! The responder connection core under any sequence of events a peer and
-//! a driver can produce: messages of any bytes into posted receive
-//! buffers, completions and failures of outstanding work in any order,
-//! and the application's answers (landing, reply, RDMA_ERROR, no reply).
-//! It must never panic, never hold more receive buffers than its credits,
-//! and never hold more than its stated memory bound.
+//! The connection core under any sequence of events a peer and a driver
+//! can produce: messages of any bytes into posted receive buffers,
+//! completions and failures of outstanding work in any order, the
+//! application's answers (landing, reply, RDMA_ERROR, no reply), and calls
+//! of its own (backward calls, RFC 8167). It must never panic, never hold
+//! more receive buffers than it has, and never hold more than its stated
+//! memory bound.
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use nfsrdma_rpcrdma::conn::{Config, Connection, Event, ReadOp, RemoteSeg, SendOp, Work, WrId};
+use nfsrdma_rpcrdma::requester::{self, ReplyExpect, RequesterConfig};
 use nfsrdma_xdr::{Payload, XdrSink};
 
 struct Input<'a>(&'a [u8]);
@@ -44,6 +46,10 @@ fuzz_target!(|data: &[u8]| {
         inline_send: 1024,
         inline_recv: 1024,
         remote_invalidation: c & 8 != 0,
+        calls: u32::from(a >> 6),
+        call_reserve: 0,
+        accept_remote_invalidation: a & 0x20 != 0,
+        ..Config::default()
     };
     let bound = cfg.memory_bound();
     let credits = cfg.credits;
@@ -73,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
             events.push(e);
         }
         let f = conn.footprint();
-        assert!(f.held_receives <= credits, "{f:?}");
+        assert!(f.held_receives <= credits + cfg.calls, "{f:?}");
         assert!(f.bytes(&cfg) <= bound, "{f:?}");
         match op % 8 {
             // A message into a posted buffer.
@@ -153,8 +159,34 @@ fuzz_target!(|data: &[u8]| {
                         }
                     }
                 },
+                Event::Reply { slot } => {
+                    let _ = conn.take_reply(slot);
+                    conn.finish_call(slot);
+                }
+                Event::CallFailed { slot, .. } => conn.finish_call(slot),
                 Event::Closed(_) => {}
             },
+            // A backward call of ours (a NULL).
+            7 if op & 0x80 != 0 => {
+                if let Some(slot) = conn.reserve_call() {
+                    let xid = u32::from(op) << 8 | u32::from(inp.byte().unwrap_or(0));
+                    let plan = requester::plan_call(
+                        xid,
+                        &RequesterConfig {
+                            inline_send: 1024,
+                            inline_recv: 1024,
+                        },
+                        ReplyExpect {
+                            max_len: 200,
+                            ddp_max: None,
+                        },
+                        &|s: &mut dyn XdrSink| s.put_raw(&xid.to_be_bytes()),
+                    );
+                    let mut message = vec![plan.header(1, &Default::default())];
+                    message.extend(plan.inline.iter().cloned());
+                    conn.start_call(slot, plan, message, Vec::new(), 0);
+                }
+            }
             7 => conn.close_now(),
             _ => {}
         }

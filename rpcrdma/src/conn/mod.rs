@@ -45,6 +45,7 @@
 //! [`Config::memory_bound`] bytes of messages and reply data in this
 //! state and in the buffers it accounts for (see [`Footprint`]).
 
+pub mod call;
 pub mod credits;
 pub mod reads;
 pub mod recv;
@@ -74,6 +75,10 @@ pub enum WrKind {
     Write = 3,
     /// An RDMA Read.
     Read = 4,
+    /// A LOCAL_INV.
+    LocalInv = 5,
+    /// A request of the driver's own in a chain (a window bind).
+    Driver = 6,
 }
 
 impl WrId {
@@ -90,6 +95,8 @@ impl WrId {
             2 => Some(WrKind::Send),
             3 => Some(WrKind::Write),
             4 => Some(WrKind::Read),
+            5 => Some(WrKind::LocalInv),
+            6 => Some(WrKind::Driver),
             _ => None,
         }
     }
@@ -183,6 +190,21 @@ pub enum SendOp<L> {
         /// The reply's send slot.
         slot: u32,
     },
+    /// A call's Send of `message` from send slot `slot`, after `pre`
+    /// requests of the driver's own (window binds) in the same chain.
+    Call {
+        /// The call's slot (and its send buffer).
+        slot: u32,
+        /// The message.
+        message: Vec<Bytes>,
+        /// Driver requests to put before it.
+        pre: u32,
+    },
+    /// Invalidates one of our own keys.
+    LocalInv {
+        /// The key.
+        rkey: u32,
+    },
 }
 
 /// Work for the driver, to be carried out in the order given.
@@ -223,7 +245,22 @@ pub enum Event {
     /// assembles it and answers with [`Connection::send_reply`],
     /// [`Connection::reject`] or [`Connection::no_reply`].
     Call(CallId),
-    /// The connection is over; nothing more will be yielded.
+    /// The reply to the call in `slot` is fenced and ready: take it with
+    /// [`Connection::take_reply`], then [`Connection::finish_call`].
+    Reply {
+        /// The call's slot.
+        slot: u32,
+    },
+    /// The call in `slot` failed for good (its reply broke the protocol);
+    /// the connection is closed next.
+    CallFailed {
+        /// The call's slot.
+        slot: u32,
+        /// Why.
+        error: String,
+    },
+    /// The connection is over; nothing more will be yielded. Calls in
+    /// flight have no reply on it.
     Closed(ConnError),
 }
 
@@ -256,10 +293,19 @@ pub enum ConnError {
 /// A connection's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Receive buffers posted (each [`Config::inline_recv`] bytes), which
-    /// is also the credits granted: at most this many calls are held at
-    /// once.
+    /// Credits granted to the peer for calls to us (0: this side answers
+    /// no calls): receive buffers posted for calls, and the most calls
+    /// held at once.
     pub credits: u32,
+    /// Slots for calls we send (0: this side sends no calls); a receive
+    /// buffer is posted for each call's reply.
+    pub calls: u32,
+    /// Credits kept in reserve below the peer's grant.
+    pub call_reserve: u32,
+    /// We offered to accept Send With Invalidate (replies to our calls).
+    pub accept_remote_invalidation: bool,
+    /// Which side of the forward direction this is.
+    pub role: Role,
     /// Send buffers (each [`Config::inline_send`] bytes): one per started
     /// call, held until its reply's Send completes.
     pub send_slots: u32,
@@ -291,6 +337,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             credits: 128,
+            calls: 0,
+            call_reserve: 1,
+            accept_remote_invalidation: false,
+            role: Role::Responder,
             send_slots: 128,
             sq_depth: 512,
             read_depth: 16,
@@ -312,14 +362,21 @@ impl Config {
     /// buffer with landing memory of the largest call and with staged
     /// reply data.
     pub fn memory_bound(&self) -> u64 {
-        let c = u64::from(self.credits) * u64::from(self.inline_recv);
+        let c = u64::from(self.receive_buffers()) * u64::from(self.inline_recv);
         let s = u64::from(self.send_slots) * u64::from(self.inline_send);
         let k = 2 * u64::from(self.chunk_buffers) * u64::from(self.chunk_size);
         c + s + k
     }
 
+    /// Receive buffers posted: one per credit, one per call slot.
+    pub fn receive_buffers(&self) -> u32 {
+        self.credits + self.calls
+    }
+
     fn checked(mut self) -> Config {
-        self.credits = self.credits.max(1);
+        if self.calls == 0 {
+            self.credits = self.credits.max(1);
+        }
         self.send_slots = self.send_slots.max(1);
         self.sq_depth = self.sq_depth.max(4);
         self.read_depth = self.read_depth.max(1);
@@ -362,6 +419,14 @@ pub struct Stats {
     pub discarded: u64,
     /// RDMA Read chains posted.
     pub read_chains: u64,
+    /// Calls sent.
+    pub calls_sent: u64,
+    /// Replies that matched no call (dropped).
+    pub unmatched_replies: u64,
+    /// Our keys the peer invalidated (Send With Invalidate).
+    pub remote_invalidations: u64,
+    /// Our keys invalidated with LOCAL_INV.
+    pub local_invalidations: u64,
 }
 
 /// What a connection holds now, against [`Config::memory_bound`].
@@ -391,8 +456,8 @@ impl Footprint {
     }
 }
 
-/// One RPC-over-RDMA connection, responder side (the side that answers
-/// calls).
+/// One RPC-over-RDMA connection: the side that answers calls, the side
+/// that sends them, or both (RFC 8167).
 #[derive(Debug)]
 pub struct Connection<L> {
     cfg: Config,
@@ -401,6 +466,7 @@ pub struct Connection<L> {
     sendq: sendq::SendQueue,
     reads: reads::ReadScheduler,
     serve: serve::Serve<L>,
+    calls: call::Calls,
     work: VecDeque<Work<L>>,
     events: VecDeque<Event>,
     released: VecDeque<u32>,
@@ -414,11 +480,12 @@ impl<L: Piece> Connection<L> {
     pub fn new(cfg: Config) -> Connection<L> {
         let cfg = cfg.checked();
         let mut c = Connection {
-            recv: recv::RecvBuffers::new(cfg.credits),
+            recv: recv::RecvBuffers::new(cfg.receive_buffers()),
             credits: credits::Credits::new(cfg.credits),
             sendq: sendq::SendQueue::new(&cfg),
             reads: reads::ReadScheduler::new(cfg.read_depth),
             serve: serve::Serve::new(&cfg),
+            calls: call::Calls::new(&cfg),
             work: VecDeque::new(),
             events: VecDeque::new(),
             released: VecDeque::new(),
@@ -426,7 +493,7 @@ impl<L: Piece> Connection<L> {
             closed: None,
             cfg,
         };
-        for b in 0..c.cfg.credits {
+        for b in 0..c.cfg.receive_buffers() {
             c.recv.post(b);
             c.work.push_back(Work::Recv {
                 buffer: b,
@@ -459,7 +526,12 @@ impl<L: Piece> Connection<L> {
 
     /// The counters.
     pub fn stats(&self) -> Stats {
-        self.stats
+        Stats {
+            unmatched_replies: self.calls.unmatched,
+            remote_invalidations: self.calls.remote_invalidations,
+            local_invalidations: self.calls.local_invalidations,
+            ..self.stats
+        }
     }
 
     /// What the connection holds now.
@@ -484,6 +556,7 @@ impl<L: Piece> Connection<L> {
     pub fn is_idle(&self) -> bool {
         let f = self.footprint();
         f.held_receives == 0
+            && self.calls.in_flight() == 0
             && f.send_slots == self.sendq.unreaped_slots()
             && f.chunk_buffers == 0
             && f.landing_bytes == 0
@@ -499,18 +572,22 @@ impl<L: Piece> Connection<L> {
             return;
         }
         match wr.kind() {
-            Some(WrKind::Send | WrKind::Write | WrKind::Read) => match self.sendq.complete(wr) {
-                Ok(released) => {
-                    for r in released {
-                        self.release(r);
+            Some(WrKind::Send | WrKind::Write | WrKind::Read | WrKind::LocalInv) => {
+                match self.sendq.complete(wr) {
+                    Ok(released) => {
+                        for r in released {
+                            self.release(r);
+                        }
+                        self.progress();
                     }
-                    self.progress();
+                    Err(e) => self.close(ConnError::Driver(e)),
                 }
-                Err(e) => self.close(ConnError::Driver(e)),
-            },
-            Some(WrKind::Recv) => self.close(ConnError::Driver(
-                "a receive's completion must come through received()".into(),
-            )),
+            }
+            Some(WrKind::Recv | WrKind::Driver) => self.close(ConnError::Driver(format!(
+                "completion of {:?} work request {:#x} through completed()",
+                wr.kind(),
+                wr.0
+            ))),
             None => self.close(ConnError::Driver(format!(
                 "completion of unknown work request {:#x}",
                 wr.0
@@ -532,6 +609,8 @@ impl<L: Piece> Connection<L> {
             Some(WrKind::Send) => "send",
             Some(WrKind::Write) => "RDMA Write",
             Some(WrKind::Read) => "RDMA Read",
+            Some(WrKind::LocalInv) => "local invalidation",
+            Some(WrKind::Driver) => "memory window bind",
             None => "work request",
         };
         self.close(ConnError::Failed {
@@ -571,6 +650,8 @@ impl<L: Piece> Connection<L> {
                 self.reads.chain_done(reads);
                 self.serve.reads_done(call, reads, &mut self.events);
             }
+            sendq::Release::CallSent { slot } => self.call_sent(slot),
+            sendq::Release::Fenced { slot } => self.call_fenced(slot),
         }
     }
 
@@ -580,6 +661,91 @@ impl<L: Piece> Connection<L> {
         if self.closed.is_some() {
             return;
         }
+        call::progress(self);
         serve::progress(self);
     }
+
+    /// A receive completed: buffer `wr` holds `msg` (which may be a view
+    /// of the buffer: the buffer is not posted again until the message is
+    /// done with). `invalidated` is the R_key a Send With Invalidate
+    /// named.
+    ///
+    /// On a connection that both answers and sends calls (RFC 8167), a
+    /// message goes to the side of its RPC message type: on the side that
+    /// answers forward calls, an inline RDMA_MSG with no chunks whose
+    /// `msg_type` is REPLY answers one of our (backward) calls; on the
+    /// side that sends forward calls, such a message whose `msg_type` is
+    /// CALL is a backward call. Everything else belongs to the
+    /// connection's forward direction.
+    pub fn received(&mut self, wr: WrId, msg: Bytes, invalidated: Option<u32>) {
+        if self.closed.is_some() {
+            return;
+        }
+        let Some(buffer) = wr.recv_buffer() else {
+            return self.close(ConnError::Driver(format!(
+                "receive completion for work request {:#x}",
+                wr.0
+            )));
+        };
+        if let Err(e) = self.recv.take(buffer) {
+            return self.close(ConnError::Driver(e));
+        }
+        let serving = self.cfg.credits > 0;
+        let calling = self.cfg.calls > 0;
+        let bare = backward_msg_type(&msg);
+        let to_calls = match (serving, calling) {
+            (true, false) => false,
+            (false, _) => true,
+            // The backward direction is inline only: a bare REPLY answers
+            // a backward call of ours; everything else is a forward call.
+            (true, true) if self.cfg.role == Role::Responder => bare == Some(REPLY),
+            // A bare CALL is a backward call; everything else answers a
+            // forward call of ours.
+            (true, true) => bare != Some(CALL),
+        };
+        if to_calls {
+            self.on_reply(buffer, msg, invalidated);
+        } else {
+            self.on_call(buffer, msg, invalidated);
+        }
+        self.progress();
+    }
+
+    /// Posts receive buffer `buffer` again.
+    fn repost(&mut self, buffer: u32) {
+        self.recv.post(buffer);
+        self.work.push_back(Work::Recv {
+            buffer,
+            wr: recv::wr_id(buffer),
+        });
+    }
+}
+
+/// RPC `msg_type` CALL.
+const CALL: u32 = 0;
+/// RPC `msg_type` REPLY.
+const REPLY: u32 = 1;
+
+/// Which side of the forward direction a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// It accepted the connection and answers forward calls (a server);
+    /// the calls it sends are backward calls.
+    #[default]
+    Responder,
+    /// It connected and sends forward calls (a client); the calls it
+    /// answers are backward calls.
+    Requester,
+}
+
+/// The RPC message type of a message that can travel in the backward
+/// direction (RFC 8167 §4: an inline RDMA_MSG with three empty chunk
+/// lists, whose RPC XID is the transport XID); `None` for anything else.
+fn backward_msg_type(msg: &[u8]) -> Option<u32> {
+    let w = |i: usize| {
+        msg.get(i * 4..i * 4 + 4)
+            .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
+    };
+    let bare = w(1)? == 1 && w(3)? == 0 && w(4)? == 0 && w(5)? == 0 && w(6)? == 0;
+    (bare && w(7)? == w(0)?).then(|| w(8)).flatten()
 }

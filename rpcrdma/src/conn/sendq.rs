@@ -38,6 +38,16 @@ pub enum Release {
         /// The chunk buffer that goes back too.
         chunk: Option<u32>,
     },
+    /// The Send of our call in `slot`.
+    CallSent {
+        /// The call's slot.
+        slot: u32,
+    },
+    /// The last local invalidation of our call in `slot`.
+    Fenced {
+        /// The call's slot.
+        slot: u32,
+    },
     /// The end of a call's Read chain of `reads` requests.
     ReadChain {
         /// The call.

@@ -18,9 +18,7 @@
 //! [`crate::responder`]'s; this module holds what lasts between messages.
 
 use super::sendq::{Release, SendQueue};
-use super::{
-    recv, ConnError, Connection, Event, Piece, ReadOp, RemoteSeg, SendOp, SendWr, Work, WrKind,
-};
+use super::{ConnError, Connection, Event, Piece, ReadOp, RemoteSeg, SendOp, SendWr, Work, WrKind};
 use crate::responder::{
     self, Fault, IncomingCall, Received, ReplyError, ReplyPlan, ReplyShape, ResponderConfig,
 };
@@ -152,31 +150,16 @@ impl<L: Piece> Connection<L> {
         &self.serve.rcfg
     }
 
-    /// A receive completed: buffer `wr` holds `msg` (which may be a view
-    /// of the buffer: the buffer is not posted again until the message is
-    /// done with). `invalidated` is the R_key a Send With Invalidate
-    /// named.
-    pub fn received(&mut self, wr: super::WrId, msg: Bytes, invalidated: Option<u32>) {
-        if self.closed.is_some() {
-            return;
-        }
-        let Some(buffer) = wr.recv_buffer() else {
-            return self.close(ConnError::Driver(format!(
-                "receive completion for work request {:#x}",
-                wr.0
-            )));
-        };
-        if let Err(e) = self.recv.take(buffer) {
-            return self.close(ConnError::Driver(e));
-        }
+    /// A received message for the side that answers calls.
+    pub(super) fn on_call(&mut self, buffer: u32, msg: Bytes, invalidated: Option<u32>) {
         if let Err(e) = self.credits.arrive() {
             return self.close(ConnError::Protocol(e));
         }
         if let Some(rkey) = invalidated {
-            // We expose no memory; a requester has nothing of ours to
-            // invalidate.
+            // We expose no memory to a requester; it has nothing of ours
+            // to invalidate.
             return self.close(ConnError::Protocol(format!(
-                "Send With Invalidate of R_key {rkey:#x} to a responder"
+                "Send With Invalidate of R_key {rkey:#x} with a call"
             )));
         }
         match responder::receive(msg, &self.serve.rcfg) {
@@ -216,7 +199,6 @@ impl<L: Piece> Connection<L> {
                 self.serve.arrivals.push_back(Arrival::Call(id));
             }
         }
-        self.progress();
     }
 
     /// A call the connection holds.
@@ -349,7 +331,7 @@ impl<L: Piece> Connection<L> {
         let mut message = Vec::with_capacity(1 + plan.inline.len());
         message.push(plan.header);
         message.extend(plan.inline);
-        self.finish_call(c.buffer);
+        self.done_with(c.buffer);
         self.serve.outgoing.push_back(Outgoing {
             writes,
             message,
@@ -380,7 +362,7 @@ impl<L: Piece> Connection<L> {
             self.serve.free_chunk_buffer(k);
         }
         let reply = responder::error_reply(c.incoming.xid, self.credits.grant(), RdmaError::Chunk);
-        self.finish_call(c.buffer);
+        self.done_with(c.buffer);
         self.serve.outgoing.push_back(Outgoing {
             writes: VecDeque::new(),
             message: vec![reply],
@@ -407,7 +389,7 @@ impl<L: Piece> Connection<L> {
         if let Some(s) = c.slot {
             self.sendq.free_slot(s);
         }
-        self.finish_call(c.buffer);
+        self.done_with(c.buffer);
         self.progress();
     }
 
@@ -429,16 +411,8 @@ impl<L: Piece> Connection<L> {
     /// A message is done with: its buffer goes up again and its credit
     /// comes back.
     fn done_with(&mut self, buffer: u32) {
-        self.recv.post(buffer);
         self.credits.done();
-        self.work.push_back(Work::Recv {
-            buffer,
-            wr: recv::wr_id(buffer),
-        });
-    }
-
-    fn finish_call(&mut self, buffer: u32) {
-        self.done_with(buffer);
+        self.repost(buffer);
     }
 }
 

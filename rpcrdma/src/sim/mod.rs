@@ -4,8 +4,9 @@
 //! - [`fabric`]: the link: registered memory with R_keys, send and receive
 //!   queues with the ordering of an RC queue pair, receiver-not-ready,
 //!   flushes, and a log of every remote access.
-//! - [`responder`]: a [`crate::conn::Connection`] driven as the verbs
-//!   driver drives it, with an [`app::App`] answering the calls.
+//! - [`endpoint`]: a [`crate::conn::Connection`] driven as the verbs
+//!   drivers drive it, answering calls with an [`app::App`] and sending
+//!   calls of its own.
 //! - [`requester`]: a requester that registers per call, checks Send With
 //!   Invalidate, invalidates the rest locally, and can misbehave.
 //! - [`Pair`]: both, with `step(choice)` doing one of the things that can
@@ -14,22 +15,51 @@
 //!   every interleaving a schedule of choices describes.
 
 pub mod app;
+pub mod endpoint;
 pub mod fabric;
 pub mod requester;
-pub mod responder;
+pub mod rogue;
 
 use crate::conn::Config;
 use fabric::{Fabric, SideId, Stepped};
 
+/// What a side of a [`Pair`] can be asked to do.
+pub trait Endpoint {
+    /// Takes its next completion; false when there was none.
+    fn complete_one(&mut self, f: &mut Fabric) -> bool;
+    /// Acts on what it has (posts, runs calls); false when it did nothing.
+    fn act(&mut self, f: &mut Fabric) -> bool;
+}
+
+impl Endpoint for requester::SimRequester {
+    fn complete_one(&mut self, f: &mut Fabric) -> bool {
+        requester::SimRequester::complete_one(self, f)
+    }
+    fn act(&mut self, f: &mut Fabric) -> bool {
+        self.pump(f)
+    }
+}
+
+impl<A: app::App> Endpoint for endpoint::SimEndpoint<A> {
+    fn complete_one(&mut self, f: &mut Fabric) -> bool {
+        endpoint::SimEndpoint::complete_one(self, f)
+    }
+    fn act(&mut self, f: &mut Fabric) -> bool {
+        self.drive(f)
+    }
+}
+
 /// A requester and a responder on one simulated link.
 #[derive(Debug)]
-pub struct Pair {
+pub struct Pair<C = requester::SimRequester, S = endpoint::SimEndpoint<app::MiniNfs>> {
     /// The link.
     pub fabric: Fabric,
-    /// The requester (side A).
-    pub client: requester::SimRequester,
-    /// The responder (side B).
-    pub server: responder::SimResponder<app::MiniNfs>,
+    /// The side that connected (A): a scripted requester, or a
+    /// connection core.
+    pub client: C,
+    /// The side that accepted (B): the responder connection core, or a
+    /// scripted responder.
+    pub server: S,
     /// Steps taken.
     pub steps: u64,
 }
@@ -43,19 +73,55 @@ enum Action {
     ServerActs,
 }
 
+fn mini_nfs() -> app::MiniNfs {
+    app::MiniNfs {
+        entries: 300,
+        ..Default::default()
+    }
+}
+
+impl Pair<endpoint::SimEndpoint<app::MiniNfs>, rogue::RawPeer> {
+    /// A requester connection core (side A, `client`) against a scripted
+    /// responder that posts `receives` receives of `size` bytes.
+    pub fn rogue_responder(client: Config, receives: u32, size: usize) -> Self {
+        let mut fabric = Fabric::new(1_000_000);
+        let s = rogue::RawPeer::new(&mut fabric, receives, size);
+        let mut c = endpoint::SimEndpoint::new(SideId::A, client, mini_nfs());
+        c.drive(&mut fabric);
+        Pair {
+            fabric,
+            client: c,
+            server: s,
+            steps: 0,
+        }
+    }
+}
+
+impl Pair<endpoint::SimEndpoint<app::MiniNfs>> {
+    /// Two connection cores: `client` (side A) and `server` (side B),
+    /// each answering calls with a [`app::MiniNfs`].
+    pub fn cores(server: Config, client: Config, rnr_retries: u32) -> Self {
+        let mut fabric = Fabric::new(rnr_retries);
+        let mut s = endpoint::SimEndpoint::new(SideId::B, server, mini_nfs());
+        s.drive(&mut fabric);
+        let mut c = endpoint::SimEndpoint::new(SideId::A, client, mini_nfs());
+        c.drive(&mut fabric);
+        Pair {
+            fabric,
+            client: c,
+            server: s,
+            steps: 0,
+        }
+    }
+}
+
 impl Pair {
     /// A pair: the responder with `cfg` and a [`app::MiniNfs`] listing
     /// `entries` names in a READDIR, the requester with `opts`, on a
     /// link with `rnr_retries`.
     pub fn new(cfg: Config, opts: requester::RequesterOptions, rnr_retries: u32) -> Pair {
         let mut fabric = Fabric::new(rnr_retries);
-        let mut server = responder::SimResponder::new(
-            cfg,
-            app::MiniNfs {
-                entries: 300,
-                ..Default::default()
-            },
-        );
+        let mut server = endpoint::SimEndpoint::new(SideId::B, cfg, mini_nfs());
         // The responder's receives go up before the requester can send.
         server.drive(&mut fabric);
         let client = requester::SimRequester::new(opts, &mut fabric);
@@ -66,7 +132,9 @@ impl Pair {
             steps: 0,
         }
     }
+}
 
+impl<C: Endpoint, S: Endpoint> Pair<C, S> {
     fn actions(&self) -> Vec<Action> {
         let f = &self.fabric;
         let mut a = Vec::with_capacity(6);
@@ -96,8 +164,8 @@ impl Pair {
                 Action::Run(s) => matches!(self.fabric.step(s), Stepped::Ran | Stepped::Failed),
                 Action::Complete(SideId::A) => self.client.complete_one(&mut self.fabric),
                 Action::Complete(SideId::B) => self.server.complete_one(&mut self.fabric),
-                Action::ClientActs => self.client.pump(&mut self.fabric),
-                Action::ServerActs => self.server.drive(&mut self.fabric),
+                Action::ClientActs => self.client.act(&mut self.fabric),
+                Action::ServerActs => self.server.act(&mut self.fabric),
             };
             if did {
                 self.steps += 1;

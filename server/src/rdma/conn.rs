@@ -237,6 +237,14 @@ impl Conn {
                     &self.stats,
                 )?;
             }
+            // The server sends no calls of its own (yet): nothing answers
+            // one.
+            Event::Reply { slot } | Event::CallFailed { slot, .. } => {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "a reply for call slot {slot}, but the server sends no calls"
+                ))
+                .into())
+            }
             Event::Closed(CoreError::Flushed) => return Err(ConnError::Flushed),
             Event::Closed(CoreError::Closed) => {}
             Event::Closed(e) => return Err(ConnError::Core(e)),
@@ -294,7 +302,15 @@ impl Conn {
         let mut sges: Vec<Vec<Sge<'_>>> = Vec::with_capacity(chain.len());
         for s in &chain {
             sges.push(match &s.op {
-                SendOp::Send { slot, message, .. } => {
+                SendOp::Call { pre, .. } if *pre > 0 => {
+                    return Err(VerbsError::InvalidArgument(
+                        "a call with requests of the driver's own, which the server has none of"
+                            .into(),
+                    )
+                    .into())
+                }
+                SendOp::LocalInv { .. } => Vec::new(),
+                SendOp::Send { slot, message, .. } | SendOp::Call { slot, message, .. } => {
                     let base = *slot as usize * v.slot_size;
                     let mut len = 0usize;
                     for part in message {
@@ -337,7 +353,8 @@ impl Conn {
                         sges,
                         invalidate_rkey: *rkey,
                     },
-                    SendOp::Send { .. } => VerbsOp::Send { sges },
+                    SendOp::Send { .. } | SendOp::Call { .. } => VerbsOp::Send { sges },
+                    SendOp::LocalInv { rkey } => VerbsOp::LocalInv { rkey: *rkey },
                     SendOp::Write { remote, .. } => VerbsOp::RdmaWrite {
                         sges,
                         remote: RemoteBuf {

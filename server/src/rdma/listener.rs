@@ -245,6 +245,7 @@ fn accept(
         inline_send: agreed.inline_send,
         inline_recv: ours,
         remote_invalidation: agreed.peer_accepts_remote_invalidation,
+        ..Config::default()
     });
     let poller = Poller::new(vec![cq.clone()], cfg.poll)
         .map_err(|e| VerbsError::InvalidArgument(format!("completion engine: {e}")))?;
