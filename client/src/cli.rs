@@ -26,16 +26,8 @@ pub enum OnOff {
     Off,
 }
 
-/// `--reg`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RegArg {
-    /// A memory window bound per RPC.
-    Mw,
-    /// A memory region registered per RPC.
-    RegMr,
-    /// Buffers registered once.
-    Persistent,
-}
+/// `--reg`: a registration strategy by name.
+pub type RegArg = RegStrategy;
 
 /// `--poll`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -164,17 +156,6 @@ impl OnOff {
     }
 }
 
-impl RegArg {
-    /// The flag's spelling of this value.
-    pub fn name(self) -> &'static str {
-        match self {
-            RegArg::Mw => "mw",
-            RegArg::RegMr => "reg-mr",
-            RegArg::Persistent => "persistent",
-        }
-    }
-}
-
 impl PollArg {
     /// The flag's spelling of this value.
     pub fn name(self) -> &'static str {
@@ -197,7 +178,7 @@ impl ConnArgs {
         self.options_for(&ConnChoice {
             transport: first(&self.transport, TransportArg::Tcp),
             remote_inv: first(&self.remote_inv, OnOff::On),
-            reg: first(&self.reg, RegArg::Mw),
+            reg: first(&self.reg, RegStrategy::default()),
             poll: first(&self.poll, PollArg::Adaptive),
         })
     }
@@ -275,15 +256,11 @@ impl ConnArgs {
             wsize: self.wsize,
             rdma: RdmaOptions {
                 remote_inv: c.remote_inv == OnOff::On,
-                reg: match c.reg {
-                    RegArg::Mw => RegStrategy::Mw,
-                    RegArg::RegMr => RegStrategy::RegMr,
-                    RegArg::Persistent => RegStrategy::Persistent,
-                },
+                reg: c.reg,
                 poll: match c.poll {
                     PollArg::Busy => PollMode::Busy,
                     PollArg::Event => PollMode::Event,
-                    PollArg::Adaptive => PollMode::Adaptive,
+                    PollArg::Adaptive => PollMode::default(),
                 },
                 ..RdmaOptions::default()
             },

@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 
 /// Memory registration strategy of the RDMA transport (see
 /// [`crate::transport::rdma`] for what each costs and protects).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum RegStrategy {
     /// A type-2 memory window bound per RPC.
     #[default]
@@ -32,19 +32,14 @@ pub enum RegStrategy {
     Persistent,
 }
 
-/// Completion polling mode of the RDMA transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PollMode {
-    /// A waiting call spins on the completion queue on its own thread (no
-    /// hand-off between threads; one call at a time): lowest latency, a
-    /// core while anything is waited for.
-    Busy,
-    /// Sleep on completion events.
-    Event,
-    /// Spin for a while, then sleep.
-    #[default]
-    Adaptive,
-}
+/// How the RDMA transport waits for completions: the completion engine's
+/// mode, one type for the client and the server. `busy` makes a waiting
+/// call spin on the completion queue on its own thread (no hand-off
+/// between threads; one call at a time): lowest latency, a core while
+/// anything is waited for. `event` sleeps on completion events;
+/// `adaptive` (the default: 50 µs) and `auto` spin for a while after the
+/// last completion, then sleep.
+pub use nfsrdma_transport::rdma::engine::PollMode;
 
 /// Settings that only the RDMA transport uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +68,8 @@ impl Default for RdmaOptions {
     fn default() -> Self {
         RdmaOptions {
             remote_inv: true,
-            reg: RegStrategy::Mw,
-            poll: PollMode::Adaptive,
+            reg: RegStrategy::default(),
+            poll: PollMode::default(),
             inline: crate::transport::rdma::INLINE_SIZE,
             max_io: 1 << 20,
         }

@@ -201,7 +201,7 @@ async fn io_matrix(reg: RegStrategy) {
     let swi_before = s.stats().sends_with_inv.load(Ordering::Relaxed);
     for remote_inv in [true, false] {
         for size in [1024u32, 4096, 64 << 10, 1 << 20] {
-            let mut o = s.opts(rdma(reg, remote_inv, PollMode::Adaptive));
+            let mut o = s.opts(rdma(reg, remote_inv, PollMode::default()));
             o.rsize = Some(size);
             o.wsize = Some(size);
             let c = Client::connect(&o, &rdma_ip().to_string(), "/export")
@@ -387,7 +387,7 @@ async fn vm_rdma_lent_reads_stay_intact_while_held() {
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 async fn vm_rdma_poll_modes_and_concurrency() {
     let s = RdmaServer::start();
-    for poll in [PollMode::Busy, PollMode::Event, PollMode::Adaptive] {
+    for poll in [PollMode::Busy, PollMode::Event, PollMode::default()] {
         let c = s.connect(rdma(RegStrategy::Mw, true, poll)).await;
         let root = c.root().clone();
         // 32 concurrent 64 KiB writes and reads: more calls than credits.
@@ -481,7 +481,7 @@ async fn vm_rdma_kernel_nfsd() {
             timeo: Duration::from_secs(30),
             rsize: Some(1 << 20),
             wsize: Some(1 << 20),
-            rdma: rdma(reg, remote_inv, PollMode::Adaptive),
+            rdma: rdma(reg, remote_inv, PollMode::default()),
             ..ConnectOptions::default()
         };
         // Every record size, data checked (the kernel nfsd's rsize/wsize

@@ -448,7 +448,7 @@ fn client_opts(reg: RegStrategy, remote_inv: bool) -> RdmaTransportOptions {
         rdma: RdmaOptions {
             reg,
             remote_inv,
-            poll: PollMode::Adaptive,
+            poll: PollMode::default(),
             ..RdmaOptions::default()
         },
         timeo: Duration::from_secs(60),

@@ -40,14 +40,40 @@ impl Default for RequesterConfig {
     }
 }
 
-/// What the caller knows of the reply before sending the call.
+/// What the caller knows of the reply before sending the call (which
+/// sizes the Write chunk for READ data and the Reply chunk for large
+/// replies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyExpect {
-    /// Upper bound of the whole reply message, DDP item included.
+    /// Upper bound of the whole reply message (RPC header included),
+    /// DDP item included.
     pub max_len: u32,
     /// Upper bound of the reply's DDP-eligible item, if it has one (READ:
     /// the count asked for; READLINK: the longest path).
     pub ddp_max: Option<u32>,
+}
+
+impl ReplyExpect {
+    /// Room for the largest RPC reply header (a 400-byte verifier).
+    pub const HEADER: u32 = 512;
+
+    /// A reply with no DDP-eligible item, whose results take at most
+    /// `results` bytes.
+    pub const fn small(results: u32) -> ReplyExpect {
+        ReplyExpect {
+            max_len: Self::HEADER + results,
+            ddp_max: None,
+        }
+    }
+
+    /// A reply whose results take at most `results` bytes besides a
+    /// DDP-eligible item of at most `ddp` bytes.
+    pub const fn with_ddp(results: u32, ddp: u32) -> ReplyExpect {
+        ReplyExpect {
+            max_len: Self::HEADER + results + ddp,
+            ddp_max: Some(ddp),
+        }
+    }
 }
 
 /// How the call travels.

@@ -101,11 +101,9 @@ pub fn parse_list(s: &str) -> Result<OptionList, String> {
                     ))
                 }
             },
-            "reg" => match val {
-                Some("mw") => MountOpt::Reg(RegStrategy::Mw),
-                Some("reg-mr") => MountOpt::Reg(RegStrategy::RegMr),
-                Some("persistent") => MountOpt::Reg(RegStrategy::Persistent),
-                _ => {
+            "reg" => match val.and_then(RegStrategy::from_name) {
+                Some(r) => MountOpt::Reg(r),
+                None => {
                     return Err(format!(
                         "option reg={}: use mw, reg-mr or persistent",
                         val.unwrap_or("")

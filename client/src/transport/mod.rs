@@ -6,16 +6,20 @@
 //! ([`crate::Client`]) is the same for every transport.
 //!
 //! - [`tcp`]: ONC RPC record marking over TCP.
-//! - [`rdma`]: RPC-over-RDMA version 1 (RFC 8166, RFC 8797) on the sans-IO
-//!   requester core of `nfsrdma-transport` (`rpcrdma::requester::plan_call`),
-//!   which is why a call is an encode closure over `&mut dyn XdrSink` (the
-//!   planner encodes it twice: once to measure and to find the DDP-eligible
-//!   item, once to send) and carries a [`ReplyExpect`] (which sizes the
-//!   Write chunk for READ data and the Reply chunk for large replies). The
-//!   slot table is bounded by the credits, and a reply whose READ data
-//!   arrived in a Write chunk is decoded with `Decoder::with_ddp_first`.
+//! - [`rdma`]: RPC-over-RDMA version 1 (RFC 8166, RFC 8797) on the
+//!   connection core of `nfsrdma-rpcrdma` (`requester::plan_call` plans a
+//!   call, `conn::Connection` keeps the connection's state), which is why a
+//!   call is an encode closure over `&mut dyn XdrSink` (the planner encodes
+//!   it twice: once to measure and to find the DDP-eligible item, once to
+//!   send) and carries a [`ReplyExpect`] (which sizes the Write chunk for
+//!   READ data and the Reply chunk for large replies). Its calls in flight
+//!   are bounded by the credits, and a reply whose READ data arrived in a
+//!   Write chunk is decoded with `Decoder::with_ddp_first`.
+//! - [`retry`]: what both do alike: reconnection with backoff, and each
+//!   call's clock (a try's timeout, soft mode's deadline).
 
 pub mod rdma;
+pub mod retry;
 pub mod tcp;
 
 use crate::error::ClientError;
@@ -46,41 +50,10 @@ impl TransportKind {
     }
 }
 
-/// What the caller knows of the reply before sending the call: the same
-/// hint as `nfsrdma_rpcrdma::requester::ReplyExpect`, which an
-/// RDMA transport uses to register reply chunks. TCP ignores it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplyExpect {
-    /// Upper bound of the whole reply message (RPC header included), its
-    /// DDP-eligible item included.
-    pub max_len: u32,
-    /// Upper bound of the reply's DDP-eligible item, if it has one (READ:
-    /// the count asked for; READLINK: the longest path).
-    pub ddp_max: Option<u32>,
-}
-
-impl ReplyExpect {
-    /// Room for the largest RPC reply header (a 400-byte verifier).
-    pub const HEADER: u32 = 512;
-
-    /// A reply with no DDP-eligible item, whose results take at most
-    /// `results` bytes.
-    pub const fn small(results: u32) -> ReplyExpect {
-        ReplyExpect {
-            max_len: Self::HEADER + results,
-            ddp_max: None,
-        }
-    }
-
-    /// A reply whose results take at most `results` bytes besides a
-    /// DDP-eligible item of at most `ddp` bytes.
-    pub const fn with_ddp(results: u32, ddp: u32) -> ReplyExpect {
-        ReplyExpect {
-            max_len: Self::HEADER + results + ddp,
-            ddp_max: Some(ddp),
-        }
-    }
-}
+/// What the caller knows of the reply before sending the call: the
+/// protocol core's own type, which an RDMA transport uses to register
+/// reply chunks. TCP ignores it.
+pub use nfsrdma_rpcrdma::requester::ReplyExpect;
 
 /// Writes a call's arguments (everything after the RPC header). Called
 /// once by TCP, possibly more than once by other transports; it must write

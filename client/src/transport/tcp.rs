@@ -12,20 +12,15 @@
 //!   Linux TCP default of `timeo=600` deciseconds). When it passes, the
 //!   call is sent again on the current connection with the same XID.
 //! - When the connection breaks (closed, reset, an unacceptable record),
-//!   the next call to need it reconnects (after failed attempts, and when
-//!   the broken connection had lived less than 5 s, waiting 100 ms, then
-//!   doubling up to 10 s), and every call still waiting is sent again
-//!   on the new connection with the SAME XID, so that the server's
-//!   duplicate request cache answers a retransmitted non-idempotent call
-//!   instead of running it twice.
-//! - Hard (the default): a call retries forever. Soft: a call fails with
-//!   [`ClientError::TimedOut`] once `timeo × (retrans + 1)` has passed
-//!   since it was first sent, whatever happened in between (timeouts,
-//!   reconnections).
-//! - The first connection is made by [`TcpTransport::connect`], which fails
-//!   at once when it cannot connect: a wrong address is reported, not
-//!   retried forever.
+//!   the next call to need it reconnects, and every call still waiting is
+//!   sent again on the new connection with the SAME XID, so that the
+//!   server's duplicate request cache answers a retransmitted
+//!   non-idempotent call instead of running it twice.
+//! - Reconnection with backoff, hard and soft mode, and the first
+//!   connection failing at once: [`super::retry`], shared with the RDMA
+//!   transport.
 
+use super::retry::{Clock, Link, Redial};
 use super::{parse_reply, CallFuture, RpcCall, Transport, TransportKind, TransportStats};
 use crate::error::ClientError;
 use bytes::{Buf, Bytes};
@@ -44,14 +39,6 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument;
-
-/// First wait between reconnection attempts.
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait between reconnection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// A connection that breaks sooner than this after it was made delays the
-/// next reconnection.
-const SHORT_LIVED: Duration = Duration::from_secs(5);
 
 /// Settings of a TCP transport.
 #[derive(Debug, Clone)]
@@ -104,12 +91,9 @@ struct Shared {
     next_xid: AtomicU32,
     slots: Semaphore,
     pending: Mutex<HashMap<u32, oneshot::Sender<Bytes>>>,
-    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+    conn: Redial<Conn>,
     closed: watch::Sender<bool>,
     connects: AtomicU64,
-    /// When the last connection was made, and the wait before the next
-    /// reconnection if that one breaks soon.
-    redial: Mutex<(Instant, Duration)>,
     retransmits: AtomicU64,
     unmatched: AtomicU64,
 }
@@ -122,11 +106,17 @@ struct Conn {
     dead: Arc<watch::Sender<bool>>,
 }
 
-impl Conn {
+impl Link for Conn {
     fn is_dead(&self) -> bool {
         *self.dead.borrow()
     }
 
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Conn {
     fn kill(&self) {
         self.dead.send_replace(true);
     }
@@ -161,15 +151,14 @@ impl TcpTransport {
             opts,
             next_xid: AtomicU32::new(seed),
             pending: Mutex::new(HashMap::new()),
-            conn: tokio::sync::Mutex::new(None),
+            conn: Redial::new(addr, "tcp"),
             closed,
             connects: AtomicU64::new(0),
-            redial: Mutex::new((Instant::now(), MIN_BACKOFF)),
             retransmits: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
         });
         let conn = Shared::open(&shared).await?;
-        *shared.conn.lock().await = Some(conn);
+        shared.conn.set(conn).await;
         Ok(TcpTransport { shared })
     }
 
@@ -204,23 +193,14 @@ impl TcpTransport {
         let span = tracing::debug_span!("rpc", xid, call = call.name);
         async move {
             let record = encode_record(xid, &call)?;
-            let started = Instant::now();
-            let timeo = sh.opts.timeo.max(Duration::from_millis(1));
-            let deadline = sh
-                .opts
-                .soft
-                .then(|| started + timeo.saturating_mul(sh.opts.retrans.saturating_add(1)));
-            let timed_out = || ClientError::TimedOut {
-                what: call.name.to_string(),
-                after: started.elapsed(),
-            };
+            let clock = Clock::start(call.name, sh.opts.timeo, sh.opts.retrans, sh.opts.soft);
             let mut closed = sh.closed.subscribe();
             let mut sends = 0u32;
             loop {
-                let conn = sh.connection(deadline).await.map_err(|e| match e {
-                    ClientError::TimedOut { .. } => timed_out(),
-                    e => e,
-                })?;
+                let conn = sh
+                    .connection(clock.deadline())
+                    .await
+                    .map_err(|e| clock.map_connect(e))?;
                 if sends > 0 {
                     sh.retransmits.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(conn = conn.id, "retransmitting");
@@ -230,10 +210,7 @@ impl TcpTransport {
                     conn.kill();
                 }
                 let mut dead = conn.dead.subscribe();
-                let mut try_end = Instant::now() + timeo;
-                if let Some(d) = deadline {
-                    try_end = try_end.min(d);
-                }
+                let try_end = clock.try_end();
                 tokio::select! {
                     biased;
                     r = &mut rx => {
@@ -247,9 +224,9 @@ impl TcpTransport {
                         tracing::debug!(conn = conn.id, "connection lost while waiting");
                     }
                     _ = tokio::time::sleep_until(try_end) => {
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                        if clock.expired() {
                             tracing::debug!("soft timeout");
-                            return Err(timed_out());
+                            return Err(clock.timed_out());
                         }
                         tracing::debug!(conn = conn.id, "no reply in time");
                     }
@@ -305,10 +282,8 @@ impl Shared {
     fn close(&self) {
         self.closed.send_replace(true);
         self.slots.close();
-        if let Ok(c) = self.conn.try_lock() {
-            if let Some(c) = c.as_ref() {
-                c.kill();
-            }
+        if let Some(c) = self.conn.current() {
+            c.kill();
         }
         self.pending().clear();
     }
@@ -342,56 +317,9 @@ impl Shared {
         self: &Arc<Self>,
         deadline: Option<Instant>,
     ) -> Result<Arc<Conn>, ClientError> {
-        let work = async {
-            let mut slot = self.conn.lock().await;
-            if let Some(c) = slot.as_ref().filter(|c| !c.is_dead()) {
-                return Ok(c.clone());
-            }
-            // A connection that broke soon after it was made: wait before
-            // the next one, longer each time, so that a server that keeps
-            // dropping connections is not hammered.
-            let mut backoff = {
-                let mut r = self.redial.lock().unwrap_or_else(|e| e.into_inner());
-                if r.0.elapsed() < SHORT_LIVED {
-                    let d = r.1;
-                    r.1 = (r.1 * 2).min(MAX_BACKOFF);
-                    d
-                } else {
-                    r.1 = MIN_BACKOFF;
-                    Duration::ZERO
-                }
-            };
-            if !backoff.is_zero() {
-                tracing::debug!(addr = %self.addr, "connection was short-lived; reconnecting in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-            }
-            loop {
-                if *self.closed.borrow() {
-                    return Err(ClientError::Shutdown);
-                }
-                match Shared::open(self).await {
-                    Ok(c) => {
-                        tracing::info!(addr = %self.addr, conn = c.id, "reconnected");
-                        *slot = Some(c.clone());
-                        return Ok(c);
-                    }
-                    Err(e) => {
-                        backoff = (backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
-                        tracing::warn!(addr = %self.addr, error = %e, "reconnect failed; retrying in {backoff:?}");
-                        tokio::time::sleep(backoff).await;
-                    }
-                }
-            }
-        };
-        match deadline {
-            Some(d) => tokio::time::timeout_at(d, work).await.unwrap_or_else(|_| {
-                Err(ClientError::TimedOut {
-                    what: "connect".into(),
-                    after: Duration::ZERO,
-                })
-            }),
-            None => work.await,
-        }
+        self.conn
+            .connection(deadline, &self.closed, || Shared::open(self))
+            .await
     }
 
     /// Opens a connection and starts its reader and writer tasks.
@@ -404,7 +332,7 @@ impl Shared {
                 .map_err(|source| ClientError::Connect { addr, source })?;
         let _ = stream.set_nodelay(true);
         let id = self.connects.fetch_add(1, Ordering::Relaxed) + 1;
-        self.redial.lock().unwrap_or_else(|e| e.into_inner()).0 = Instant::now();
+        self.conn.made();
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let (dead, _) = watch::channel(false);

@@ -213,9 +213,11 @@ impl<L: Piece> Connection<L> {
                 Some(p) => {
                     call.fence.swap_remove(p);
                 }
-                None => return self.close(ConnError::Protocol(format!(
+                None => {
+                    return self.close(ConnError::Protocol(format!(
                     "Send With Invalidate named R_key {k:#x}, which is not one of call {xid:#x}'s"
-                ))),
+                )))
+                }
             }
             self.calls.remote_invalidations += 1;
         }

@@ -105,6 +105,12 @@ impl WrId {
         self.0 & ((1 << Self::VALUE_BITS) - 1)
     }
 
+    /// The id of a request of the driver's own in a chain (a window bind),
+    /// seen only if it fails.
+    pub fn driver(value: u64) -> WrId {
+        WrId::new(WrKind::Driver, value)
+    }
+
     /// The receive buffer of a receive's id.
     pub fn recv_buffer(self) -> Option<u32> {
         (self.kind() == Some(WrKind::Recv)).then(|| self.value() as u32)
