@@ -638,7 +638,10 @@ impl<L: Piece> Connection<L> {
         }
         self.closed = Some(e.clone());
         self.work.clear();
-        self.events.clear();
+        // A call that failed for good keeps its failure: it is not to be
+        // sent again on another connection.
+        self.events
+            .retain(|ev| matches!(ev, Event::CallFailed { .. }));
         self.events.push_back(Event::Closed(e));
     }
 
