@@ -265,8 +265,9 @@ pub enum Event {
         /// Why.
         error: String,
     },
-    /// The connection is over; nothing more will be yielded. Calls in
-    /// flight have no reply on it.
+    /// The connection is over; nothing more will be yielded (the replies
+    /// and failures yielded before it still stand). Calls still in flight
+    /// have no reply on it.
     Closed(ConnError),
 }
 
@@ -638,10 +639,11 @@ impl<L: Piece> Connection<L> {
         }
         self.closed = Some(e.clone());
         self.work.clear();
-        // A call that failed for good keeps its failure: it is not to be
-        // sent again on another connection.
+        // A call that failed for good keeps its failure (it is not to be
+        // sent again on another connection), and a reply already fenced
+        // is still handed over; nothing else is left to do.
         self.events
-            .retain(|ev| matches!(ev, Event::CallFailed { .. }));
+            .retain(|ev| matches!(ev, Event::CallFailed { .. } | Event::Reply { .. }));
         self.events.push_back(Event::Closed(e));
     }
 

@@ -66,6 +66,12 @@ impl Conn {
                 break;
             }
         }
+        self.sync_counters(st);
+    }
+
+    /// Adds what the core counted since the last time to the transport's
+    /// counters (before a caller is woken, so that it sees them).
+    fn sync_counters(&self, st: &mut State) {
         let now = st.core.stats();
         let c = &self.counters;
         let add = |a: &std::sync::atomic::AtomicU64, was: u64, is: u64| {
@@ -241,6 +247,7 @@ impl Conn {
                 .fetch_add(ns(fenced, Instant::now()), Ordering::Relaxed);
             c.timed_calls.fetch_add(1, Ordering::Relaxed);
         }
+        self.sync_counters(st);
         if let Some(w) = call.waiter.take() {
             let _ = w.send(outcome);
         }
