@@ -12,7 +12,8 @@
 //!   -> the reply header must fit the call (requester::parse_reply)
 //!   -> the grant moves the credit limit
 //!   -> LOCAL_INV of every key the peer did not invalidate
-//! fenced and the Send completed -> Event::Reply -> take_reply, finish_call
+//! fenced -> Event::Reply -> take_reply, finish_call (the slot is free
+//!   once the call's Send has completed as well)
 //! ```
 //!
 //! # Policies
@@ -28,9 +29,12 @@
 //!   the connection. A reply whose XID matches no call is dropped and
 //!   counted.
 //! - The reply is handed over only after every key of the call is
-//!   invalidated (by the peer or by LOCAL_INV) and the call's Send has
-//!   completed, so the slot's memory is reused only when no peer access
-//!   and no work request can reach it.
+//!   invalidated (by the peer or by LOCAL_INV): no peer access can reach
+//!   the call's memory any more. The slot (its send buffer) is given to
+//!   another call only once the call's Send has completed too, so no work
+//!   request of ours still reads it. (A Send's completion often comes
+//!   after the reply, the acknowledgement riding behind it; the caller
+//!   need not wait for it.)
 
 use super::sendq::Release;
 use super::{ConnError, Connection, Event, Piece, SendOp, SendWr, Work, WrKind};
@@ -47,6 +51,10 @@ struct OutCall {
     send_done: bool,
     reply: Option<Reply>,
     fencing: bool,
+    /// `Event::Reply` was yielded.
+    announced: bool,
+    /// The driver is done with the call; the slot waits for the Send.
+    finished: bool,
 }
 
 /// A call's Send waiting for send-queue room.
@@ -178,6 +186,8 @@ impl<L: Piece> Connection<L> {
             send_done: false,
             reply: None,
             fencing: false,
+            announced: false,
+            finished: false,
         });
         c.sends.push_back(PendingSend { slot, message, pre });
         self.stats.calls_sent += 1;
@@ -257,40 +267,55 @@ impl<L: Piece> Connection<L> {
     }
 
     fn maybe_deliver(&mut self, slot: u32) {
-        let Some(call) = self.calls.slots[slot as usize].as_ref() else {
+        let Some(call) = self.calls.slots[slot as usize].as_mut() else {
             return;
         };
-        if call.send_done && !call.fencing && call.reply.is_some() {
+        if !call.fencing && call.reply.is_some() && !call.announced {
+            call.announced = true;
             self.events.push_back(Event::Reply { slot });
         }
     }
 
-    /// The reply of a call [`Event::Reply`] named, and the call's plan
-    /// (where its chunks' data is).
-    pub fn take_reply(&mut self, slot: u32) -> Option<(CallPlan, Reply)> {
-        let call = self.calls.slots.get_mut(slot as usize)?.as_mut()?;
-        let reply = call.reply.take()?;
-        Some((call.plan.clone(), reply))
+    /// The reply of a call [`Event::Reply`] named.
+    pub fn take_reply(&mut self, slot: u32) -> Option<Reply> {
+        self.calls
+            .slots
+            .get_mut(slot as usize)?
+            .as_mut()?
+            .reply
+            .take()
     }
 
-    /// The call in `slot` is done with: the slot is free for another.
+    /// The call in `slot` is done with: the slot is free for another, at
+    /// once or when the call's Send completes.
     pub fn finish_call(&mut self, slot: u32) {
         let c = &mut self.calls;
-        if let Some(e) = c.slots.get_mut(slot as usize) {
-            if let Some(call) = e.take() {
-                c.xids.remove(&call.xid);
-                c.free.push(slot);
-                c.in_flight -= 1;
-            }
+        match c.slots.get_mut(slot as usize) {
+            Some(Some(call)) if call.send_done => self.free_call(slot),
+            Some(Some(call)) => call.finished = true,
+            _ => {}
+        }
+    }
+
+    fn free_call(&mut self, slot: u32) {
+        let c = &mut self.calls;
+        if let Some(call) = c.slots.get_mut(slot as usize).and_then(Option::take) {
+            c.xids.remove(&call.xid);
+            c.free.push(slot);
+            c.in_flight -= 1;
         }
     }
 
     /// A call's Send completed.
     pub(super) fn call_sent(&mut self, slot: u32) {
-        if let Some(call) = self.calls.slots[slot as usize].as_mut() {
-            call.send_done = true;
+        match self.calls.slots[slot as usize].as_mut() {
+            Some(call) if call.finished => self.free_call(slot),
+            Some(call) => {
+                call.send_done = true;
+                self.maybe_deliver(slot);
+            }
+            None => {}
         }
-        self.maybe_deliver(slot);
     }
 
     /// A call's local invalidations completed.
@@ -348,5 +373,74 @@ pub(super) fn progress<L: Piece>(c: &mut Connection<L>) {
                 pre: s.pre,
             },
         }]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Config, Role, Work};
+    use super::*;
+    use crate::requester::{plan_call, Registrations, ReplyExpect, RequesterConfig};
+    use nfsrdma_xdr::rpc::{AcceptStat, RpcMessage};
+    use nfsrdma_xdr::rpcrdma::{ChunkLists, RdmaBody, RdmaHeader};
+    use nfsrdma_xdr::{List, Xdr};
+
+    fn one_slot() -> Connection<Bytes> {
+        Connection::new(Config {
+            credits: 0,
+            calls: 1,
+            call_reserve: 0,
+            role: Role::Requester,
+            ..Config::default()
+        })
+    }
+
+    fn null_reply(xid: u32) -> Bytes {
+        let mut m = RdmaHeader {
+            xid,
+            vers: 1,
+            credit: 1,
+            body: RdmaBody::Msg(ChunkLists {
+                read_list: List(vec![]),
+                write_list: List(vec![]),
+                reply_chunk: None,
+            }),
+        }
+        .to_bytes()
+        .to_vec();
+        m.extend_from_slice(&RpcMessage::accepted(xid, AcceptStat::Success).to_bytes());
+        Bytes::from(m)
+    }
+
+    #[test]
+    fn a_reply_is_handed_over_before_the_send_completes_but_the_slot_waits_for_it() {
+        let mut c = one_slot();
+        let mut recv = None;
+        while let Some(w) = c.poll_work() {
+            if let Work::Recv { wr, .. } = w {
+                recv = Some(wr);
+            }
+        }
+        let slot = c.reserve_call().unwrap();
+        let plan = plan_call(
+            7,
+            &RequesterConfig::default(),
+            ReplyExpect::small(0),
+            &|s: &mut dyn nfsrdma_xdr::XdrSink| s.put_raw(&[0; 40]),
+        );
+        let message = vec![plan.header(1, &Registrations::default())];
+        c.start_call(slot, plan, message, Vec::new(), 0);
+        let Some(Work::Send(chain)) = c.poll_work() else {
+            panic!("the call's Send")
+        };
+        let send = chain[0].wr;
+        // The reply comes before the Send's completion.
+        c.received(recv.unwrap(), null_reply(7), None);
+        assert_eq!(c.poll_event(), Some(Event::Reply { slot }));
+        assert!(c.take_reply(slot).is_some());
+        c.finish_call(slot);
+        assert_eq!(c.reserve_call(), None, "the slot's Send is still out");
+        c.completed(send);
+        assert_eq!(c.reserve_call(), Some(slot));
     }
 }

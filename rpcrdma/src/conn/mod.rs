@@ -477,6 +477,8 @@ pub struct Connection<L> {
     work: VecDeque<Work<L>>,
     events: VecDeque<Event>,
     released: VecDeque<u32>,
+    /// Reused for what a completion gives back.
+    scratch: Vec<sendq::Release>,
     stats: Stats,
     closed: Option<ConnError>,
 }
@@ -496,6 +498,7 @@ impl<L: Piece> Connection<L> {
             work: VecDeque::new(),
             events: VecDeque::new(),
             released: VecDeque::new(),
+            scratch: Vec::new(),
             stats: Stats::default(),
             closed: None,
             cfg,
@@ -553,6 +556,11 @@ impl<L: Piece> Connection<L> {
         }
     }
 
+    /// Receive buffers held by messages now.
+    pub fn held_receives(&self) -> u32 {
+        self.recv.held()
+    }
+
     /// True once the connection has ended.
     pub fn is_closed(&self) -> bool {
         self.closed.is_some()
@@ -580,11 +588,13 @@ impl<L: Piece> Connection<L> {
         }
         match wr.kind() {
             Some(WrKind::Send | WrKind::Write | WrKind::Read | WrKind::LocalInv) => {
-                match self.sendq.complete(wr) {
-                    Ok(released) => {
-                        for r in released {
+                let mut released = std::mem::take(&mut self.scratch);
+                match self.sendq.complete(wr, &mut released) {
+                    Ok(()) => {
+                        for r in released.drain(..) {
                             self.release(r);
                         }
+                        self.scratch = released;
                         self.progress();
                     }
                     Err(e) => self.close(ConnError::Driver(e)),
@@ -703,16 +713,17 @@ impl<L: Piece> Connection<L> {
         }
         let serving = self.cfg.credits > 0;
         let calling = self.cfg.calls > 0;
-        let bare = backward_msg_type(&msg);
         let to_calls = match (serving, calling) {
             (true, false) => false,
             (false, _) => true,
             // The backward direction is inline only: a bare REPLY answers
             // a backward call of ours; everything else is a forward call.
-            (true, true) if self.cfg.role == Role::Responder => bare == Some(REPLY),
+            (true, true) if self.cfg.role == Role::Responder => {
+                backward_msg_type(&msg) == Some(REPLY)
+            }
             // A bare CALL is a backward call; everything else answers a
             // forward call of ours.
-            (true, true) => bare != Some(CALL),
+            (true, true) => backward_msg_type(&msg) != Some(CALL),
         };
         if to_calls {
             self.on_reply(buffer, msg, invalidated);

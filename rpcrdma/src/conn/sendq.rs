@@ -78,6 +78,8 @@ pub struct SendQueue {
     quiet_sends: u32,
     /// Entries since the last signaled one.
     tail: u32,
+    /// Signaled entries in the queue.
+    signaled: u32,
     next: u64,
 }
 
@@ -91,6 +93,7 @@ impl SendQueue {
             signal_every: cfg.signal_every,
             quiet_sends: 0,
             tail: 0,
+            signaled: 0,
             next: 0,
         }
     }
@@ -152,6 +155,7 @@ impl SendQueue {
         if signaled {
             self.tail = 0;
             self.quiet_sends = 0;
+            self.signaled += 1;
         } else {
             self.tail += 1;
             if kind == WrKind::Send {
@@ -172,9 +176,9 @@ impl SendQueue {
     }
 
     /// A signaled work request completed: it and every entry before it are
-    /// done; returns what they give back. An error when `wr` is not a
-    /// signaled entry of the queue (a driver fault).
-    pub fn complete(&mut self, wr: WrId) -> Result<Vec<Release>, String> {
+    /// done; what they give back is appended to `out`. An error when `wr`
+    /// is not a signaled entry of the queue (a driver fault).
+    pub fn complete(&mut self, wr: WrId, out: &mut Vec<Release>) -> Result<(), String> {
         let Some(at) = self.entries.iter().position(|e| e.wr == wr) else {
             return Err(format!(
                 "completion of work request {:#x}, which is not outstanding",
@@ -184,12 +188,17 @@ impl SendQueue {
         if !self.entries[at].signaled {
             return Err(format!("completion of unsignaled work request {:#x}", wr.0));
         }
-        let done: Vec<Release> = self.entries.drain(..=at).map(|e| e.release).collect();
-        if self.entries.iter().all(|e| !e.signaled) {
+        for e in self.entries.drain(..=at) {
+            if e.signaled {
+                self.signaled -= 1;
+            }
+            out.push(e.release);
+        }
+        if self.signaled == 0 {
             // Everything left is the unsignaled tail.
             self.tail = self.entries.len() as u32;
         }
-        Ok(done)
+        Ok(())
     }
 }
 
@@ -231,10 +240,14 @@ mod tests {
             },
         );
         assert_eq!(s.room(), 4);
-        let back = s.complete(last).unwrap();
+        let mut back = Vec::new();
+        s.complete(last, &mut back).unwrap();
         assert_eq!(back.len(), 4);
         assert_eq!(s.room(), 8);
-        assert!(s.complete(last).is_err(), "not outstanding any more");
+        assert!(
+            s.complete(last, &mut back).is_err(),
+            "not outstanding any more"
+        );
     }
 
     #[test]
@@ -251,7 +264,7 @@ mod tests {
         assert!(q(64, 64, 16).send_signaled(0, true), "chunk buffer");
         let u = s.push(WrKind::Send, false, Release::Nothing);
         assert!(
-            s.complete(u).is_err(),
+            s.complete(u, &mut Vec::new()).is_err(),
             "an unsignaled request never completes alone"
         );
     }

@@ -439,7 +439,7 @@ impl<A: App> SimEndpoint<A> {
 
     /// Hands over the reply of our call in `slot`.
     fn deliver(&mut self, f: &mut Fabric, slot: u32) {
-        let Some((_, reply)) = self.conn.take_reply(slot) else {
+        let Some(reply) = self.conn.take_reply(slot) else {
             return;
         };
         let Some(m) = self.mem.remove(&slot) else {

@@ -198,10 +198,9 @@ impl Conn {
         let now = self.core.stats();
         self.stats.add(&self.seen, &now);
         self.seen = now;
-        self.stats.receives_held_peak.fetch_max(
-            u64::from(self.core.footprint().held_receives),
-            Ordering::Relaxed,
-        );
+        self.stats
+            .receives_held_peak
+            .fetch_max(u64::from(self.core.held_receives()), Ordering::Relaxed);
         Ok(())
     }
 

@@ -308,22 +308,29 @@ impl Poller {
         if n > 0 {
             return Ok(n);
         }
-        let idle = self.last_work.elapsed();
+        // (The clock is read only where the mode needs it: under
+        // emulation a clock read costs as much as a poll.)
         let sleep = match self.mode {
             PollMode::Busy => false,
             PollMode::Event => true,
-            PollMode::Adaptive { spin } => idle >= spin,
+            PollMode::Adaptive { spin } => self.last_work.elapsed() >= spin,
             PollMode::Auto { .. } => {
-                idle >= self
-                    .tuner
-                    .as_ref()
-                    .map_or(Duration::ZERO, SpinTuner::budget)
+                self.last_work.elapsed()
+                    >= self
+                        .tuner
+                        .as_ref()
+                        .map_or(Duration::ZERO, SpinTuner::budget)
             }
         };
-        let Some(channel) = self.channel.clone().filter(|_| sleep) else {
+        if !sleep {
+            std::hint::spin_loop();
+            return Ok(0);
+        }
+        let Some(channel) = self.channel.as_ref() else {
             std::hint::spin_loop();
             return Ok(0);
         };
+        let channel = channel.clone();
         for cq in &self.cqs {
             cq.req_notify(false)?;
         }

@@ -392,7 +392,7 @@ impl Conn {
                 n.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let reg = self.reg.register(slot, &plan).map_err(fatal)?;
+        let mut reg = self.reg.register(slot, &plan).map_err(fatal)?;
         let header = plan.header(RECV_BUFFERS, &reg.segments);
         let len = header.len() + plan.inline.iter().map(Bytes::len).sum::<usize>();
         if len > self.send_size {
@@ -409,7 +409,7 @@ impl Conn {
         if self.is_dead() {
             return Err(NotSent::Lost);
         }
-        let fence = reg.fence.clone();
+        let fence = std::mem::take(&mut reg.fence);
         let pre = reg.pre;
         st.calls[slot] = Some(SlotCall {
             waiter: Some(tx),

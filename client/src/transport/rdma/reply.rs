@@ -197,7 +197,7 @@ impl Conn {
     /// Every registration of the slot's call is fenced and its Send has
     /// completed: hands the reply over and frees the slot.
     fn deliver(&self, st: &mut State, slot: usize) -> Result<(), String> {
-        let Some((_, reply)) = st.core.take_reply(slot as u32) else {
+        let Some(reply) = st.core.take_reply(slot as u32) else {
             return Ok(());
         };
         let fenced = Instant::now();
