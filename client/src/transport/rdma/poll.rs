@@ -35,6 +35,10 @@ impl Conn {
                 self.completion(&mut st, &wc);
             }
             self.drive(&mut st);
+            drop(st);
+            // A completion may have freed a slot (a call's Send completing
+            // after its reply was handed over) or raised the credit limit.
+            self.notify.notify_waiters();
         }
         n
     }
