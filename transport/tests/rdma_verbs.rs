@@ -18,8 +18,8 @@ use nfsrdma_transport::rdma::engine::{EngineStats, PollMode, Poller};
 use nfsrdma_transport::rdma::verbs::{
     next_rkey, Access, Arena, CmEventKind, CmId, CompletionChannel, CompletionError,
     CompletionQueue, ConnParam, EventChannel, MemoryRegion, MemoryWindow, MwAccess, PendingRead,
-    ProtectionDomain, QpCaps, QueuePair, RemoteBuf, SendFlags, SendOp, VerbsError, WcOpcode,
-    WorkCompletion,
+    ProtectionDomain, QpCaps, QueuePair, RecvRing, RemoteBuf, SendFlags, SendOp, VerbsError,
+    WcOpcode, WorkCompletion,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -368,6 +368,49 @@ fn send_and_receive_with_two_sges() {
     let mut want = head.clone();
     want.extend_from_slice(&tail);
     assert_eq!(rbuf.to_vec(0, 1000).unwrap(), want);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_received_message_is_lent_and_its_buffer_posted_again_only_when_it_is_dropped() {
+    let pair = connect_pair(PairOpts::default());
+    let (c, s) = (&pair.client, &pair.server);
+    let ring = RecvRing::new(&s.pd, 2, 1024).unwrap();
+    assert!(ring.post(&s.qp, 1, 21).unwrap());
+    assert!(ring.post(&s.qp, 1, 21).is_err(), "posted twice");
+    let sbuf = MemoryRegion::new(&c.pd, 1024, Access::LOCAL).unwrap();
+    let send = |seed: u8| {
+        sbuf.write_at(0, &pattern(seed, 300)).unwrap();
+        c.qp.post_send_one(
+            7,
+            SendOp::Send {
+                sges: &[sbuf.sge(0, 300).unwrap()],
+            },
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+        expect_ok(wait_wc(&c.cq), 7, WcOpcode::Send);
+        expect_ok(wait_wc(&s.cq), 21, WcOpcode::Recv)
+    };
+    let wc = send(4);
+    let msg = ring.take(1, wc.byte_len as usize).unwrap();
+    assert_eq!(&msg[..], &pattern(4, 300)[..]);
+    assert!(ring.take(1, 300).is_err(), "taken twice");
+    assert_eq!(ring.lent(), 1);
+    // While any view of the message lives, the buffer is not posted again.
+    let part = msg.slice(10..20);
+    drop(msg);
+    assert!(!ring.post(&s.qp, 1, 21).unwrap(), "posted while lent");
+    drop(part);
+    assert_eq!(ring.lent(), 0);
+    assert!(ring.post(&s.qp, 1, 21).unwrap());
+    let wc = send(5);
+    assert_eq!(
+        &ring.take(1, wc.byte_len as usize).unwrap()[..],
+        &pattern(5, 300)[..]
+    );
+    assert!(ring.take(0, 10).is_err(), "buffer 0 was never posted");
+    assert!(ring.take(1, 2000).is_err(), "longer than the buffer");
 }
 
 #[test]

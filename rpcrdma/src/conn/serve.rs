@@ -25,7 +25,7 @@ use crate::responder::{
 use bytes::Bytes;
 use nfsrdma_xdr::rpcrdma::RdmaError;
 use nfsrdma_xdr::XdrSink;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// A call held by a connection, from its arrival until its reply is
 /// posted.
@@ -58,6 +58,58 @@ struct CallState {
     phase: Phase,
 }
 
+/// The calls held, one place per receive buffer (each call holds one).
+#[derive(Debug)]
+struct CallTable {
+    places: Vec<Option<(CallId, CallState)>>,
+}
+
+impl CallTable {
+    fn new(buffers: u32) -> CallTable {
+        CallTable {
+            places: (0..buffers).map(|_| None).collect(),
+        }
+    }
+
+    fn place(id: &CallId) -> usize {
+        (id.0 & 0xffff_ffff) as usize
+    }
+
+    fn get(&self, id: &CallId) -> Option<&CallState> {
+        match self.places.get(Self::place(id)) {
+            Some(Some((k, c))) if k == id => Some(c),
+            _ => None,
+        }
+    }
+
+    fn get_mut(&mut self, id: &CallId) -> Option<&mut CallState> {
+        match self.places.get_mut(Self::place(id)) {
+            Some(Some((k, c))) if k == id => Some(c),
+            _ => None,
+        }
+    }
+
+    fn insert(&mut self, id: CallId, c: CallState) {
+        if let Some(p) = self.places.get_mut(Self::place(&id)) {
+            debug_assert!(p.is_none(), "two calls in one receive buffer");
+            *p = Some((id, c));
+        }
+    }
+
+    fn remove(&mut self, id: &CallId) -> Option<CallState> {
+        let p = self.places.get_mut(Self::place(id))?;
+        if p.as_ref().is_some_and(|(k, _)| k == id) {
+            p.take().map(|(_, c)| c)
+        } else {
+            None
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &CallState> {
+        self.places.iter().flatten().map(|(_, c)| c)
+    }
+}
+
 #[derive(Debug)]
 enum Arrival {
     Call(CallId),
@@ -80,7 +132,7 @@ struct Outgoing<L> {
 pub struct Serve<L> {
     rcfg: ResponderConfig,
     max_sge: usize,
-    calls: HashMap<CallId, CallState>,
+    calls: CallTable,
     arrivals: VecDeque<Arrival>,
     outgoing: VecDeque<Outgoing<L>>,
     free_chunks: Vec<u32>,
@@ -99,7 +151,7 @@ impl<L> Serve<L> {
                 max_call: u64::from(cfg.chunk_size),
             },
             max_sge: cfg.max_sge as usize,
-            calls: HashMap::new(),
+            calls: CallTable::new(cfg.receive_buffers()),
             arrivals: VecDeque::new(),
             outgoing: VecDeque::new(),
             free_chunks: (0..cfg.chunk_buffers).rev().collect(),
@@ -183,8 +235,10 @@ impl<L: Piece> Connection<L> {
                 } else {
                     self.stats.inline_calls += 1;
                 }
-                self.serve.next += 1;
-                let id = CallId(self.serve.next);
+                self.serve.next = self.serve.next.wrapping_add(1);
+                // A call holds its receive buffer: the buffer is its place
+                // in the table, the count tells calls in one place apart.
+                let id = CallId(self.serve.next << 32 | u64::from(buffer));
                 self.serve.calls.insert(
                     id,
                     CallState {

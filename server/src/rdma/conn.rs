@@ -296,11 +296,13 @@ impl Conn {
         chain: Vec<nfsrdma_rpcrdma::conn::SendWr<Local>>,
     ) -> Result<(), ConnError> {
         let v = &self.v;
-        // Each request's scatter/gather list first (the Sends' messages
-        // copied into their send buffers), then the requests over them.
-        let mut sges: Vec<Vec<Sge<'_>>> = Vec::with_capacity(chain.len());
+        // Every request's scatter/gather entries first, in one list (the
+        // Sends' messages copied into their send buffers), then the
+        // requests over their stretches of it.
+        let mut flat: Vec<Sge<'_>> = Vec::with_capacity(chain.len() + 4);
+        let mut ends: Vec<usize> = Vec::with_capacity(chain.len());
         for s in &chain {
-            sges.push(match &s.op {
+            match &s.op {
                 SendOp::Call { pre, .. } if *pre > 0 => {
                     return Err(VerbsError::InvalidArgument(
                         "a call with requests of the driver's own, which the server has none of"
@@ -308,7 +310,7 @@ impl Conn {
                     )
                     .into())
                 }
-                SendOp::LocalInv { .. } => Vec::new(),
+                SendOp::LocalInv { .. } => {}
                 SendOp::Send { slot, message, .. } | SendOp::Call { slot, message, .. } => {
                     let base = *slot as usize * v.slot_size;
                     let mut len = 0usize;
@@ -323,25 +325,32 @@ impl Conn {
                         v.send_mr.write_at(base + len, part)?;
                         len += part.len();
                     }
-                    vec![v.send_mr.sge(base, len)?]
+                    flat.push(v.send_mr.sge(base, len)?);
                 }
                 SendOp::Write { local, .. } => {
-                    let mut list = Vec::with_capacity(local.len());
                     for p in local {
-                        list.push(match p {
+                        flat.push(match p {
                             Local::Arena(b) => v.arena.sge_for(b).ok_or_else(|| {
                                 VerbsError::InvalidArgument("reply data left the arena".into())
                             })?,
                             Local::Staged { at, len } => v.chunk_mr.sge(*at, *len)?,
                         });
                     }
-                    list
                 }
-            });
+            }
+            ends.push(flat.len());
         }
+        let sges: Vec<&[Sge<'_>]> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let part = &flat[*start..end];
+                *start = end;
+                Some(part)
+            })
+            .collect();
         let wrs: Vec<SendWr<'_>> = chain
             .iter()
-            .zip(&sges)
+            .zip(sges.iter().copied())
             .map(|(s, sges)| SendWr {
                 wr_id: s.wr.0,
                 op: match &s.op {
@@ -373,6 +382,7 @@ impl Conn {
         v.qp.post_send(&wrs)?;
         drop(wrs);
         drop(sges);
+        drop(flat);
         for s in chain {
             if let SendOp::Write { local, slot, .. } = s.op {
                 self.holds.entry(slot).or_default().extend(local);

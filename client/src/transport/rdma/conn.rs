@@ -20,7 +20,6 @@ use nfsrdma_transport::rdma::verbs::{
 };
 use nfsrdma_xdr::rpc::RpcMessage;
 use nfsrdma_xdr::{Xdr, XdrSink};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -52,7 +51,7 @@ pub(super) struct State {
     pub core: Connection<Bytes>,
     pub calls: Vec<Option<SlotCall>>,
     /// The slot of each call in flight, by XID (for its step times).
-    pub xids: HashMap<u32, usize>,
+    pub xids: nfsrdma_rpcrdma::conn::call::XidMap<usize>,
     /// The core's counters as last added to the transport's.
     pub seen: Stats,
 }
@@ -251,7 +250,7 @@ impl Conn {
             st: Mutex::new(State {
                 core,
                 calls: (0..slots).map(|_| None).collect(),
-                xids: HashMap::new(),
+                xids: Default::default(),
                 seen: Stats::default(),
             }),
             poller: Mutex::new((poller, Vec::with_capacity(64))),

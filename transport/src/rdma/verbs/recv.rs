@@ -18,19 +18,18 @@ use super::mr::{Access, MemoryRegion, ProtectionDomain};
 use super::qp::{QueuePair, RecvWr};
 use super::{Result, VerbsError};
 use bytes::Bytes;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Free,
-    Posted,
-    Lent,
-}
+/// A buffer's states.
+const FREE: u8 = 0;
+const POSTED: u8 = 1;
+const LENT: u8 = 2;
 
 struct Inner {
     region: Arc<MemoryRegion>,
     size: usize,
-    state: Mutex<Vec<State>>,
+    state: Box<[AtomicU8]>,
 }
 
 /// Receive buffers of one size in one registered region.
@@ -60,14 +59,14 @@ impl RecvRing {
             inner: Arc::new(Inner {
                 region,
                 size,
-                state: Mutex::new(vec![State::Free; n]),
+                state: (0..n).map(|_| AtomicU8::new(FREE)).collect(),
             }),
         })
     }
 
     /// Buffers in the ring.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.inner.state.len()
     }
 
     /// True when the ring has no buffers.
@@ -82,11 +81,17 @@ impl RecvRing {
 
     /// Buffers lent out now.
     pub fn lent(&self) -> usize {
-        self.lock().iter().filter(|s| **s == State::Lent).count()
+        self.inner
+            .state
+            .iter()
+            .filter(|s| s.load(Ordering::Acquire) == LENT)
+            .count()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<State>> {
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self, i: usize) -> Result<&AtomicU8> {
+        self.inner.state.get(i).ok_or_else(|| {
+            VerbsError::InvalidArgument(format!("receive buffer {i} of {}", self.inner.state.len()))
+        })
     }
 
     /// Posts buffer `i` on `qp` as receive `wr_id`. Returns `Ok(false)`,
@@ -94,31 +99,30 @@ impl RecvRing {
     /// message is still alive); an error when it is posted already or the
     /// post fails.
     pub fn post(&self, qp: &QueuePair, i: usize, wr_id: u64) -> Result<bool> {
-        let mut st = self.lock();
-        match st.get(i) {
-            Some(State::Free) => {}
-            Some(State::Lent) => return Ok(false),
-            Some(State::Posted) => {
+        let st = self.state(i)?;
+        match st.compare_exchange(FREE, POSTED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {}
+            Err(LENT) => return Ok(false),
+            Err(_) => {
                 return Err(VerbsError::InvalidArgument(format!(
                     "receive buffer {i} is posted already"
                 )))
             }
-            None => {
-                return Err(VerbsError::InvalidArgument(format!(
-                    "receive buffer {i} of {}",
-                    st.len()
-                )))
-            }
         }
-        let sge = self
+        let posted = self
             .inner
             .region
-            .sge(i * self.inner.size, self.inner.size)?;
-        qp.post_recv(&[RecvWr {
-            wr_id,
-            sges: &[sge],
-        }])?;
-        st[i] = State::Posted;
+            .sge(i * self.inner.size, self.inner.size)
+            .and_then(|sge| {
+                qp.post_recv(&[RecvWr {
+                    wr_id,
+                    sges: &[sge],
+                }])
+            });
+        if let Err(e) = posted {
+            st.store(FREE, Ordering::Release);
+            return Err(e);
+        }
         Ok(true)
     }
 
@@ -132,16 +136,13 @@ impl RecvRing {
                 self.inner.size
             )));
         }
-        let mut st = self.lock();
-        match st.get(i) {
-            Some(State::Posted) => st[i] = State::Lent,
-            other => {
-                return Err(VerbsError::InvalidArgument(format!(
-                    "receive buffer {i} is {other:?}, not posted"
-                )))
-            }
+        let st = self.state(i)?;
+        if let Err(other) = st.compare_exchange(POSTED, LENT, Ordering::AcqRel, Ordering::Acquire) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "receive buffer {i} is {}, not posted",
+                if other == LENT { "lent" } else { "free" }
+            )));
         }
-        drop(st);
         Ok(Bytes::from_owner(Loan {
             inner: self.inner.clone(),
             i,
@@ -152,9 +153,8 @@ impl RecvRing {
     /// Buffer `i`'s receive ended without a message (flushed or failed):
     /// it is free again.
     pub fn cancel(&self, i: usize) {
-        let mut st = self.lock();
-        if let Some(s @ State::Posted) = st.get_mut(i) {
-            *s = State::Free;
+        if let Ok(st) = self.state(i) {
+            let _ = st.compare_exchange(POSTED, FREE, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 }
@@ -183,9 +183,8 @@ impl AsRef<[u8]> for Loan {
 
 impl Drop for Loan {
     fn drop(&mut self) {
-        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s @ State::Lent) = st.get_mut(self.i) {
-            *s = State::Free;
+        if let Some(st) = self.inner.state.get(self.i) {
+            let _ = st.compare_exchange(LENT, FREE, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 }
