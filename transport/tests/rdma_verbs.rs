@@ -914,9 +914,13 @@ fn a_window_only_region_is_lent_only_when_no_window_holds_it() {
 }
 
 /// Ping-pong traffic through a poller over both CQs; returns its counters
-/// after the traffic and after an idle period.
+/// after the traffic and after an idle period. Every tenth round starts
+/// after a pause longer than the spins the tests set, so that a mode that
+/// sleeps between completions has a gap to sleep through even when the
+/// device answers the other rounds faster than the spin.
 fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {
     const ROUNDS: u64 = 100;
+    const PAUSE: Duration = Duration::from_millis(3);
     let pair = connect_pair(PairOpts {
         with_channel: true,
         ..PairOpts::default()
@@ -956,6 +960,9 @@ fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {
     for r in 0..ROUNDS {
         s.qp.post_recv_one(r, &[sbuf.sge(0, 64).unwrap()]).unwrap();
         c.qp.post_recv_one(r, &[cbuf.sge(64, 64).unwrap()]).unwrap();
+        if r % 10 == 9 {
+            std::thread::sleep(PAUSE);
+        }
         cbuf.write_at(0, &r.to_be_bytes()).unwrap();
         c.qp.post_send_one(
             r,
