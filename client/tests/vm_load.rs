@@ -156,14 +156,7 @@ fn vm_load_64_rdma_connections_at_depth_32() {
         Ok("1"),
         "this test runs in the Soft-RoCE VM: scripts/test-vm"
     );
-    // The client's warnings (a dropped connection says why) reach the
-    // test's output, so that a failure shows its cause.
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .try_init();
+    common::rdma::log_warnings();
     let secs: u64 = std::env::var("NFSRDMA_LOAD_SECS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -21,6 +21,18 @@ pub fn rdma_ip() -> IpAddr {
         .unwrap_or_else(|| "10.99.0.1".parse().unwrap())
 }
 
+/// Sends warnings (of the client and of an in-process server: a dropped
+/// connection says why) to the test's output, or what `RUST_LOG` asks for,
+/// so that a failure shows its cause.
+pub fn log_warnings() {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Our server: NFS over RDMA on the rxe address, MOUNT (and NFS) over TCP.
 pub struct RdmaServer {
     /// MOUNT and NFS over TCP.
@@ -37,6 +49,7 @@ pub struct RdmaServer {
 impl RdmaServer {
     /// Starts both listeners on ephemeral ports of the RDMA address.
     pub fn start() -> RdmaServer {
+        log_warnings();
         let ip = rdma_ip();
         let dev = RdmaDevice::open(SocketAddr::new(ip, 0), 1 << 30).expect("RDMA device");
         let rules = Exports::parse(EXPORTS).expect("exports");
