@@ -915,9 +915,10 @@ fn a_window_only_region_is_lent_only_when_no_window_holds_it() {
 
 /// Ping-pong traffic through a poller over both CQs; returns its counters
 /// after the traffic and after an idle period. Every tenth round starts
-/// after a pause longer than the spins the tests set, so that a mode that
-/// sleeps between completions has a gap to sleep through even when the
-/// device answers the other rounds faster than the spin.
+/// after a 3 ms pause, far longer than adaptive mode's 100 µs spin and
+/// than the gaps auto mode's budget follows, so that a mode that sleeps
+/// between completions has a gap to sleep through even when the device
+/// answers every other round within the spin.
 fn engine_traffic(mode: PollMode) -> (EngineStats, EngineStats) {
     const ROUNDS: u64 = 100;
     const PAUSE: Duration = Duration::from_millis(3);
