@@ -62,6 +62,16 @@ pub struct RdmaOptions {
     /// gets a region registered for it alone. [`Client::connect`] lowers it
     /// to the larger of `rsize` and `wsize` when both are given.
     pub max_io: u32,
+    /// The queue pair's local ACK timeout, as IBTA's exponent: a request
+    /// the server's adapter has not acknowledged is sent again after
+    /// 4.096 µs × 2^this (1 to 31). `None` (the default): what the
+    /// connection manager derives from the path (about 0.5 s over RoCE),
+    /// except on Soft-RoCE, where it is
+    /// [`SOFT_ROCE_ACK_TIMEOUT`](crate::transport::rdma::SOFT_ROCE_ACK_TIMEOUT)
+    /// (about 2.4 hours): `rdma_rxe` times out spuriously, and runs the
+    /// window binds and invalidations queued behind the Send it sends
+    /// again a second time, which fails and ends the connection.
+    pub ack_timeout: Option<u8>,
 }
 
 impl Default for RdmaOptions {
@@ -72,6 +82,7 @@ impl Default for RdmaOptions {
             poll: PollMode::default(),
             inline: crate::transport::rdma::INLINE_SIZE,
             max_io: 1 << 20,
+            ack_timeout: None,
         }
     }
 }

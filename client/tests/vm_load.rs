@@ -16,7 +16,7 @@ use nfsrdma_client::xdr::nfs3::*;
 use nfsrdma_client::{Client, ConnectOptions, RdmaOptions, TransportKind};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Barrier;
@@ -148,6 +148,17 @@ async fn drive(opts: ConnectOptions, conn: usize, ready: Arc<Barrier>, run: Dura
     calls
 }
 
+/// The daemon, killed when the test ends, also when it panics: a daemon
+/// left running would hold the guest's ports and the output of the run.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn vm_load_64_rdma_connections_at_depth_32() {
@@ -162,28 +173,30 @@ fn vm_load_64_rdma_connections_at_depth_32() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
     let ip = rdma_ip();
-    let mut child = Command::new(nfsrdmad())
-        .args([
-            "--export",
-            "/export",
-            "--tcp",
-            &format!("{ip}:{TCP_PORT}"),
-            "--rdma",
-            &format!("{ip}:{RDMA_PORT}"),
-            "--no-rpcbind",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut child = Daemon(
+        Command::new(nfsrdmad())
+            .args([
+                "--export",
+                "/export",
+                "--tcp",
+                &format!("{ip}:{TCP_PORT}"),
+                "--rdma",
+                &format!("{ip}:{RDMA_PORT}"),
+                "--no-rpcbind",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
     for _ in 0..2 {
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
         assert!(line.starts_with("nfsrdmad: listening"), "{line}");
     }
-    let pid = child.id();
+    let pid = child.0.id();
     let rss_start = rss_kib(pid);
     let opts = ConnectOptions {
         transport: TransportKind::Rdma,
@@ -229,8 +242,7 @@ fn vm_load_64_rdma_connections_at_depth_32() {
     });
     peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 
     let total: u64 = per_conn.iter().sum();
     let min = *per_conn.iter().min().unwrap();

@@ -451,6 +451,41 @@ async fn vm_rdma_no_listener_is_a_clear_error() {
     assert!(t.elapsed() < Duration::from_secs(20));
 }
 
+/// The queue pair's local ACK timeout: Soft-RoCE's own unless the options
+/// name one; out-of-range values are refused before connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_ack_timeout_is_soft_roces_unless_set() {
+    let s = RdmaServer::start();
+    let c = s.connect(RdmaOptions::default()).await;
+    assert_eq!(
+        c.transport_stats().ack_timeout,
+        nfsrdma_client::transport::rdma::SOFT_ROCE_ACK_TIMEOUT
+    );
+    c.null().await.expect("NULL");
+    let c = s
+        .connect(RdmaOptions {
+            ack_timeout: Some(16),
+            ..RdmaOptions::default()
+        })
+        .await;
+    assert_eq!(c.transport_stats().ack_timeout, 16);
+    c.null().await.expect("NULL");
+    for bad in [0, 32] {
+        let o = s.opts(RdmaOptions {
+            ack_timeout: Some(bad),
+            ..RdmaOptions::default()
+        });
+        let e = Client::connect(&o, &rdma_ip().to_string(), "/export")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, ClientError::InvalidArgument(m) if m.contains("outside 1..=31")),
+            "{bad}: {e:?}"
+        );
+    }
+}
+
 /// The kernel nfsd over RDMA (started with tests/vm/guest/knfsd-up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]

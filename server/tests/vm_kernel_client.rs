@@ -50,6 +50,8 @@ fn reset_nfs_services() {
         .status();
 }
 
+/// nfsrdmad started by a test; killed if the test panics before stopping it
+/// (a daemon left running would hold the guest's ports for the next test).
 struct Daemon {
     child: Child,
 }
@@ -95,6 +97,13 @@ impl Daemon {
             .unwrap();
         let ok = self.child.wait().unwrap().success();
         (ok, err)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

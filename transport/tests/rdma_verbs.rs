@@ -59,6 +59,8 @@ struct PairOpts {
     client_data: Vec<u8>,
     server_data: Vec<u8>,
     with_channel: bool,
+    /// The client's local ACK timeout, set before it connects.
+    client_ack_timeout: Option<u8>,
 }
 
 impl Default for PairOpts {
@@ -67,6 +69,7 @@ impl Default for PairOpts {
             client_data: b"client-hello".to_vec(),
             server_data: b"server-welcome".to_vec(),
             with_channel: false,
+            client_ack_timeout: None,
         }
     }
 }
@@ -102,6 +105,9 @@ fn connect_pair(opts: PairOpts) -> Pair {
     let cpd = ProtectionDomain::new(&cctx).expect("client pd");
     let ccq = CompletionQueue::new(&cctx, 256, channel.as_ref()).expect("client cq");
     let cqp = cid.create_qp(&cpd, &ccq, &ccq, caps()).expect("client qp");
+    if let Some(t) = opts.client_ack_timeout {
+        cid.set_ack_timeout(t).expect("ACK timeout");
+    }
     cid.connect(&ConnParam {
         private_data: opts.client_data.clone(),
         initiator_depth: 3,
@@ -231,7 +237,7 @@ fn cm_exchanges_private_data_both_ways() {
     let pair = connect_pair(PairOpts {
         client_data: client_data.clone(),
         server_data: server_data.clone(),
-        with_channel: false,
+        ..PairOpts::default()
     });
     let got = &pair.server.peer;
     assert!(got.private_data.len() >= client_data.len(), "{got:?}");
@@ -278,6 +284,27 @@ fn cm_exchanges_private_data_both_ways() {
         .expect(CmEventKind::Disconnected, Some(T))
         .expect("client disconnected event");
     assert_eq!(ev.id, pair.client.id.handle());
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn an_ack_timeout_set_before_connecting_is_the_queue_pairs() {
+    // Without one the connection manager derives it from the path.
+    let derived = connect_pair(PairOpts::default()).client.qp.ack_timeout();
+    let derived = derived.expect("query the QP");
+    println!("ACK timeout derived by the connection manager: {derived}");
+    assert_ne!(derived, 20, "the default would not tell the two apart");
+    let pair = connect_pair(PairOpts {
+        client_ack_timeout: Some(20),
+        ..PairOpts::default()
+    });
+    assert_eq!(pair.client.qp.ack_timeout().expect("query the QP"), 20);
+    // 0 (never time out) and values beyond the attribute's 5 bits are
+    // refused before librdmacm sees them.
+    for bad in [0, 32, 255] {
+        let err = pair.client.id.set_ack_timeout(bad).unwrap_err();
+        assert!(err.to_string().contains("outside 1..=31"), "{bad}: {err}");
+    }
 }
 
 #[test]

@@ -173,6 +173,11 @@ pub struct TransportStats {
     /// RDMA: work completions handled by a waiting caller on its own
     /// thread (`busy` polling) rather than by the completion thread.
     pub completions_by_caller: u64,
+    /// RDMA: the local ACK timeout exponent (4.096 µs × 2^this) of the
+    /// newest connection's queue pair, as the device reports it; 0 for
+    /// TCP. A setting, not a count: [`Self::since`] keeps it and
+    /// [`Self::plus`] takes the larger.
+    pub ack_timeout: u8,
 }
 
 impl TransportStats {
@@ -199,6 +204,7 @@ impl TransportStats {
             reply_bytes_copied: d(self.reply_bytes_copied, earlier.reply_bytes_copied),
             reply_bytes_lent: d(self.reply_bytes_lent, earlier.reply_bytes_lent),
             completions_by_caller: d(self.completions_by_caller, earlier.completions_by_caller),
+            ack_timeout: self.ack_timeout,
         }
     }
 
@@ -224,6 +230,7 @@ impl TransportStats {
             reply_bytes_copied: self.reply_bytes_copied + o.reply_bytes_copied,
             reply_bytes_lent: self.reply_bytes_lent + o.reply_bytes_lent,
             completions_by_caller: self.completions_by_caller + o.completions_by_caller,
+            ack_timeout: self.ack_timeout.max(o.ack_timeout),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::reg::{self, Registered, Registrar};
 use super::{rdma_err, Counters, NotSent, Outcome, RECV_BUFFERS, SHUT_DOWN};
-use super::{AREA_EXTRA, MAX_INLINE, MIN_INLINE};
+use super::{AREA_EXTRA, MAX_INLINE, MIN_INLINE, SOFT_ROCE_ACK_TIMEOUT};
 use crate::error::ClientError;
 use crate::transport::retry::Link;
 use crate::transport::RpcCall;
@@ -16,7 +16,7 @@ use nfsrdma_rpcrdma::requester::{plan_call, RequesterConfig};
 use nfsrdma_transport::rdma::engine::Poller;
 use nfsrdma_transport::rdma::verbs::{
     Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ConnParam, EventChannel,
-    MemoryRegion, ProtectionDomain, QpCaps, QueuePair, VerbsError, WorkCompletion,
+    MemoryRegion, ProtectionDomain, QpCaps, QueuePair, VerbsError, WorkCompletion, MAX_ACK_TIMEOUT,
 };
 use nfsrdma_xdr::rpc::RpcMessage;
 use nfsrdma_xdr::{Xdr, XdrSink};
@@ -126,6 +126,15 @@ impl Conn {
                 opts.inline
             )));
         }
+        if opts
+            .ack_timeout
+            .is_some_and(|t| !(1..=MAX_ACK_TIMEOUT).contains(&t))
+        {
+            return Err(ClientError::InvalidArgument(format!(
+                "ACK timeout exponent {} is outside 1..={MAX_ACK_TIMEOUT}",
+                opts.ack_timeout.unwrap_or_default()
+            )));
+        }
         let e = |what: &str| {
             let what = format!("{addr}: {what}");
             move |err: VerbsError| rdma_err(&what, err)
@@ -136,6 +145,13 @@ impl Conn {
             .map_err(e("resolving the address"))?;
         let ctx = cm.context().map_err(e("device"))?;
         let attrs = ctx.query().map_err(e("querying the device"))?;
+        let ack_timeout = opts
+            .ack_timeout
+            .or(attrs.is_soft_roce().then_some(SOFT_ROCE_ACK_TIMEOUT));
+        if let Some(t) = ack_timeout {
+            cm.set_ack_timeout(t)
+                .map_err(e("setting the ACK timeout"))?;
+        }
         let pd = ProtectionDomain::new(&ctx).map_err(e("protection domain"))?;
         let channel = match opts.poll {
             PollMode::Busy => None,
@@ -214,6 +230,10 @@ impl Conn {
             .connect_and_wait(&param, timeout)
             .map_err(e("connecting"))?;
         let agreed = negotiate::agree(&offer, Some(&peer.private_data));
+        let ack = qp.ack_timeout().map_err(e("querying the queue pair"))?;
+        counters
+            .ack_timeout
+            .store(u64::from(ack), Ordering::Relaxed);
         let cfg = RequesterConfig {
             inline_send: agreed.inline_send,
             inline_recv: agreed.inline_recv,
@@ -231,6 +251,7 @@ impl Conn {
             strategy = ?reg.strategy(),
             remote_invalidation = offered_ri,
             server_accepts_remote_invalidation = agreed.peer_accepts_remote_invalidation,
+            ack_timeout = ack,
             "RPC-over-RDMA connection up"
         );
         Ok(Arc::new(Conn {

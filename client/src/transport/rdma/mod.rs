@@ -82,6 +82,21 @@ pub const MAX_INLINE: u32 = 1 << 20;
 /// Chunk memory of one slot in the pre-registered pool by default: a 1 MiB
 /// READ or WRITE payload plus room for the rest of the call or reply.
 pub const AREA: usize = (1 << 20) + AREA_EXTRA;
+/// The local ACK timeout on Soft-RoCE unless [`RdmaOptions::ack_timeout`]
+/// says otherwise: the largest, 4.096 µs × 2^31 (about 2.4 hours), so that
+/// the adapter in effect never sends a request again on its own. The
+/// retransmission timer of `rdma_rxe` (Debian's 6.1 kernel) is armed by
+/// a send only when it is not armed already, so it fires while later
+/// requests are still on their way and their retry is spurious: a QP that
+/// carries calls one at a time sees one every timeout period in which a
+/// Send happens to be unacknowledged (with the connection manager's 2.1 s,
+/// `scripts/test-vm -- vm_load` saw 1 or 2 per 60 s run, and the same at
+/// 4.3 s). A retry runs again the window binds queued behind the Send it
+/// repeats, and the second bind of a bound window fails and ends the
+/// connection (docs/architecture.md, "Soft-RoCE and retries"). A packet
+/// really lost is still recovered, by the call's `timeo`, which drops the
+/// connection and sends the call again on a new one.
+pub const SOFT_ROCE_ACK_TIMEOUT: u8 = 31;
 /// Room in a slot's area beyond [`RdmaOptions::max_io`].
 const AREA_EXTRA: usize = 64 << 10;
 
@@ -150,6 +165,7 @@ pub struct Counters {
     pub(crate) bytes_copied: AtomicU64,
     pub(crate) bytes_lent: AtomicU64,
     pub(crate) by_caller: AtomicU64,
+    pub(crate) ack_timeout: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -245,6 +261,7 @@ impl RdmaTransport {
             reply_bytes_copied: g(&c.bytes_copied),
             reply_bytes_lent: g(&c.bytes_lent),
             completions_by_caller: g(&c.by_caller),
+            ack_timeout: g(&c.ack_timeout) as u8,
         }
     }
 

@@ -323,6 +323,11 @@ pub struct DeviceAttrs {
 }
 
 impl DeviceAttrs {
+    /// True for Soft-RoCE (`rdma_rxe`), recognised by its vendor id.
+    pub fn is_soft_roce(&self) -> bool {
+        self.vendor_id == RXE_VENDOR_ID
+    }
+
     /// True if type-2 memory windows can be used (2A or 2B, and at least
     /// one window).
     pub fn supports_type2_windows(&self) -> bool {

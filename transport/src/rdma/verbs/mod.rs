@@ -60,7 +60,7 @@ use std::time::Duration;
 pub use arena::{Arena, ArenaBlock, PendingRead, ARENA_CLASSES};
 pub use cm::{
     CmEvent, CmEventKind, CmId, CmIdHandle, ConnParam, ConnectRequest, EventChannel,
-    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
+    MAX_ACCEPT_PRIVATE_DATA, MAX_ACK_TIMEOUT, MAX_CONNECT_PRIVATE_DATA,
 };
 pub use cq::{
     decode_invalidated_rkey, CompletionChannel, CompletionError, CompletionQueue, CqId,

@@ -224,6 +224,29 @@ impl QueuePair {
         unsafe { self.qp.as_ref().qp_num }
     }
 
+    /// The local ACK timeout exponent the QP runs with (its `timeout`
+    /// attribute: 4.096 µs × 2^value; 0 means it never times out).
+    pub fn ack_timeout(&self) -> Result<u8> {
+        // SAFETY: both attribute structs are plain old data; zero is valid.
+        let mut attr: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: rdma_sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is live until Drop; both out-pointers are valid
+        // for the call.
+        let rc = unsafe {
+            rdma_sys::ibv_query_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                rdma_sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0 as i32,
+                &mut init,
+            )
+        };
+        if rc != 0 {
+            return Err(VerbsError::errno("ibv_query_qp", rc));
+        }
+        Ok(attr.timeout)
+    }
+
     /// The capabilities the device granted (may exceed what was asked).
     pub fn caps(&self) -> QpCaps {
         self.caps
