@@ -65,7 +65,7 @@ pub struct RdmaOptions {
     /// The queue pair's local ACK timeout, as IBTA's exponent: a request
     /// the server's adapter has not acknowledged is sent again after
     /// 4.096 µs × 2^this (1 to 31). `None` (the default): what the
-    /// connection manager derives from the path (about 0.5 s over RoCE),
+    /// connection manager derives from the path (19, about 2.1 s, in the test VM),
     /// except on Soft-RoCE, where it is
     /// [`SOFT_ROCE_ACK_TIMEOUT`](crate::transport::rdma::SOFT_ROCE_ACK_TIMEOUT)
     /// (about 2.4 hours): `rdma_rxe` times out spuriously, and runs the

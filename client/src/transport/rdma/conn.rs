@@ -126,13 +126,12 @@ impl Conn {
                 opts.inline
             )));
         }
-        if opts
+        if let Some(t) = opts
             .ack_timeout
-            .is_some_and(|t| !(1..=MAX_ACK_TIMEOUT).contains(&t))
+            .filter(|t| !(1..=MAX_ACK_TIMEOUT).contains(t))
         {
             return Err(ClientError::InvalidArgument(format!(
-                "ACK timeout exponent {} is outside 1..={MAX_ACK_TIMEOUT}",
-                opts.ack_timeout.unwrap_or_default()
+                "ACK timeout exponent {t} is outside 1..={MAX_ACK_TIMEOUT}"
             )));
         }
         let e = |what: &str| {

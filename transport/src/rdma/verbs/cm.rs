@@ -699,7 +699,7 @@ impl CmId {
     /// Sets the local ACK timeout of the id's queue pair: an unacknowledged
     /// request is sent again after 4.096 µs × 2^`exp` (IBTA's QP attribute
     /// `timeout`). Without it the connection manager derives the timeout
-    /// from the path (about 0.5 s over RoCE). Call it before
+    /// from the path (19, about 2.1 s, over Soft-RoCE in the test VM). Call it before
     /// [`Self::connect`] or [`Self::accept`]; an error for `exp` above
     /// [`MAX_ACK_TIMEOUT`] or 0 (which means "never", and a peer that
     /// stops answering would then leave requests outstanding for ever).

@@ -265,7 +265,7 @@ impl Context {
     /// (see [`WcFlagsQuirk`]). Soft-RoCE is recognised by its vendor id.
     pub fn wc_flags_quirk(&self) -> WcFlagsQuirk {
         match self.query() {
-            Ok(a) if a.vendor_id == RXE_VENDOR_ID => WcFlagsQuirk::Rxe,
+            Ok(a) if a.is_soft_roce() => WcFlagsQuirk::Rxe,
             _ => WcFlagsQuirk::Standard,
         }
     }
