@@ -383,6 +383,118 @@ async fn vm_rdma_lent_reads_stay_intact_while_held() {
     c.remove(&root, "lent").await.unwrap();
 }
 
+/// Replies reach their callers in the receive buffer they landed in, a
+/// spare buffer posted in its stead. Decoded results that are kept (file
+/// handles) hold no buffer: the decoder copies what it slices. Replies
+/// kept undecoded take the spares; once every spare is lent the rest are
+/// copied out (the calls go on, the held replies stay intact), and
+/// lending resumes when they are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_replies_are_lent_in_their_receive_buffers() {
+    use nfsrdma_client::transport::rdma::{RdmaTransport, RdmaTransportOptions, RECV_BUFFERS};
+    use nfsrdma_client::transport::{ReplyExpect, RpcCall, Transport};
+    use nfsrdma_client::xdr::rpc::OpaqueAuth;
+    use nfsrdma_client::xdr::{Xdr, XdrSink};
+
+    let s = RdmaServer::start();
+    let opts = rdma(RegStrategy::Mw, true, PollMode::Busy);
+    let c = s.connect(opts).await;
+    let root = c.root().clone();
+    for i in 0..8 {
+        c.create(&root, format!("r{i}"), CreateHow3::Unchecked(mode(0o644)))
+            .await
+            .unwrap();
+    }
+    let before = c.transport_stats();
+    let mut handles = Vec::new();
+    for _ in 0..10 {
+        for i in 0..8 {
+            handles.push((i, c.lookup(&root, format!("r{i}")).await.unwrap().object));
+        }
+    }
+    let st = c.transport_stats().since(&before);
+    assert_eq!(st.receives_copied, 0, "handles kept buffers: {st:?}");
+    assert_eq!(st.receives_lent, 80, "{st:?}");
+    // The handles are whole and work.
+    let ids: Vec<u64> = {
+        let mut v = Vec::new();
+        for i in 0..8 {
+            v.push(c.lookup(&root, format!("r{i}")).await.unwrap().object);
+        }
+        let mut ids = Vec::new();
+        for fh in &v {
+            ids.push(c.getattr(fh).await.unwrap().fileid);
+        }
+        ids
+    };
+    for (i, fh) in &handles {
+        assert_eq!(c.getattr(fh).await.unwrap().fileid, ids[*i]);
+    }
+
+    // Replies held undecoded, on a transport of their own.
+    let t = RdmaTransport::connect(
+        std::net::SocketAddr::new(rdma_ip(), s.rdma_port),
+        RdmaTransportOptions {
+            rdma: opts,
+            timeo: Duration::from_secs(60),
+            ..RdmaTransportOptions::default()
+        },
+    )
+    .await
+    .expect("RDMA transport");
+    let cred = OpaqueAuth::none();
+    let args = Getattr3Args {
+        object: root.clone(),
+    };
+    let encode = |sink: &mut dyn XdrSink| args.encode(sink);
+    let getattr = || {
+        t.call(RpcCall {
+            prog: PROGRAM,
+            vers: 3,
+            proc_: NfsProc3::Getattr as u32,
+            name: "NFS GETATTR",
+            cred: &cred,
+            args: &encode,
+            expect: ReplyExpect::small(1024),
+        })
+    };
+    let root_id = c.getattr(&root).await.unwrap().fileid;
+    let spares = RECV_BUFFERS as usize;
+    let before = t.stats();
+    let mut held = Vec::new();
+    for _ in 0..spares + 8 {
+        held.push(getattr().await.expect("GETATTR"));
+    }
+    let st = t.stats().since(&before);
+    assert_eq!(
+        (st.receives_lent, st.receives_copied),
+        (spares as u64, 8),
+        "{st:?}"
+    );
+    let lent = held.iter().filter(|d| d.reads_lent_input()).count();
+    assert_eq!(lent, spares, "decoders over lent buffers");
+    // Later replies go through the posted buffers while those are held.
+    for _ in 0..20 {
+        let mut d = getattr().await.unwrap();
+        let r = Getattr3Res::decode(&mut d).unwrap();
+        assert_eq!(r.into_result().unwrap().obj_attributes.fileid, root_id);
+    }
+    for mut d in held {
+        let r = Getattr3Res::decode(&mut d).expect("a held reply decodes");
+        assert_eq!(r.into_result().unwrap().obj_attributes.fileid, root_id);
+    }
+    let before = t.stats();
+    for _ in 0..10 {
+        drop(getattr().await.unwrap());
+    }
+    let st = t.stats().since(&before);
+    assert_eq!((st.receives_lent, st.receives_copied), (10, 0), "{st:?}");
+    for i in 0..8 {
+        c.remove(&root, format!("r{i}")).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 async fn vm_rdma_poll_modes_and_concurrency() {

@@ -665,7 +665,7 @@ fn rogue_responder_zero_credits_mean_one_call_at_a_time() {
     const CALLS: usize = 6;
     let (most, (results, stats)) = run_case(
         client_opts(RegStrategy::Mw, true),
-        |l, _link| {
+        |l, mut link| {
             let mut c = l.accept();
             let mut most = 0;
             for _ in 0..CALLS {
@@ -680,9 +680,12 @@ fn rogue_responder_zero_credits_mean_one_call_at_a_time() {
                 most = most.max(outstanding);
                 c.reply(&call, 0, None);
             }
+            // Connected until the client has every reply (a connection
+            // torn down at once may flush the last reply's Send).
+            assert!(link.wait_blocking(), "the client never finished");
             most
         },
-        |t, _link| async move {
+        |t, link| async move {
             let calls = (0..CALLS).map(|_| {
                 let t = t.clone();
                 tokio::spawn(async move { null(&t, false).await })
@@ -691,6 +694,7 @@ fn rogue_responder_zero_credits_mean_one_call_at_a_time() {
             for c in calls.collect::<Vec<_>>() {
                 out.push(c.await.unwrap());
             }
+            link.signal();
             (out, t.stats())
         },
     );

@@ -220,6 +220,8 @@ pub struct Decoder {
     buf: Bytes,
     consumed: usize,
     ddp: Option<DdpItem>,
+    /// The input is lent for a short time (see [`Decoder::lent`]).
+    lent: bool,
 }
 
 /// A DDP-eligible item that arrived outside the XDR stream (an RPC-over-RDMA
@@ -239,6 +241,7 @@ impl Decoder {
             buf,
             consumed: 0,
             ddp: None,
+            lent: false,
         }
     }
 
@@ -255,6 +258,7 @@ impl Decoder {
                 position: Some(position),
                 data,
             }),
+            lent: false,
         }
     }
 
@@ -270,6 +274,33 @@ impl Decoder {
                 position: None,
                 data,
             }),
+            lent: false,
+        }
+    }
+
+    /// The input is lent, and must be given back once decoding is done (a
+    /// receive buffer that is posted again when no `Bytes` over it is
+    /// left): nothing this decoder returns is a slice of it. The first
+    /// time a value would be one (a non-empty opaque, or the undecoded
+    /// rest), the rest of the input is copied, once, and values are
+    /// sliced from the copy; a message without such values is never
+    /// copied. Payloads taken from a DDP item are returned as they are.
+    pub fn lent(mut self) -> Self {
+        self.lent = true;
+        self
+    }
+
+    /// True while the decoder still reads the lent input itself (nothing
+    /// has been copied out of it).
+    pub fn reads_lent_input(&self) -> bool {
+        self.lent
+    }
+
+    /// A lent input is copied (once) before anything is sliced from it.
+    fn own_input(&mut self) {
+        if self.lent {
+            self.buf = Bytes::copy_from_slice(&self.buf);
+            self.lent = false;
         }
     }
 
@@ -288,8 +319,10 @@ impl Decoder {
         self.ddp.is_some()
     }
 
-    /// The undecoded rest of the input.
-    pub fn into_rest(self) -> Bytes {
+    /// The undecoded rest of the input (a copy of it when the input is
+    /// lent).
+    pub fn into_rest(mut self) -> Bytes {
+        self.own_input();
         self.buf
     }
 
@@ -376,6 +409,11 @@ impl Decoder {
     pub fn fixed_bytes(&mut self, what: &'static str, len: usize) -> Result<Bytes> {
         let padded = roundup(len);
         self.need(what, padded)?;
+        if len == 0 {
+            self.advance(padded);
+            return Ok(Bytes::new());
+        }
+        self.own_input();
         let out = self.buf.slice(..len);
         self.advance(padded);
         Ok(out)
@@ -676,6 +714,89 @@ mod tests {
         // Same memory as the input: no copy was made.
         assert_eq!(out.as_ptr(), input[4..].as_ptr());
         d.finish("data").unwrap();
+    }
+
+    /// A lent input whose release is observable.
+    struct Loan(Vec<u8>, std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl AsRef<[u8]> for Loan {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Drop for Loan {
+        fn drop(&mut self) {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn loan(bytes: &[u8]) -> (Bytes, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let back = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (Bytes::from_owner(Loan(bytes.to_vec(), back.clone())), back)
+    }
+
+    #[test]
+    fn a_lent_input_is_copied_once_before_the_first_slice_and_never_kept() {
+        let mut b = BytesMut::new();
+        b.put_u32(7);
+        encode_opaque(&mut b, b"");
+        b.put_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        encode_opaque(&mut b, b"handle");
+        encode_opaque(&mut b, b"name");
+        b.put_u32(9);
+        let (input, given_back) = loan(&b);
+        let range = input.as_ptr_range();
+        let mut d = Decoder::new(input).lent();
+        assert_eq!(d.u32("a").unwrap(), 7);
+        assert!(d.opaque("empty", 16).unwrap().is_empty());
+        assert_eq!(d.array::<8>("verf").unwrap(), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(d.reads_lent_input(), "no slice yet, so no copy yet");
+        let handle = d.opaque("fh", 64).unwrap();
+        assert!(!d.reads_lent_input());
+        // The decoder let go of the input when it copied it.
+        assert!(given_back.load(std::sync::atomic::Ordering::SeqCst));
+        let name = d.opaque("name", 64).unwrap();
+        assert_eq!((&handle[..], &name[..]), (&b"handle"[..], &b"name"[..]));
+        for v in [&handle, &name] {
+            assert!(!range.contains(&v.as_ptr()), "a slice of the lent input");
+        }
+        assert_eq!(d.u32("b").unwrap(), 9);
+        d.finish("message").unwrap();
+    }
+
+    #[test]
+    fn a_lent_input_without_slices_is_given_back_uncopied() {
+        let mut b = BytesMut::new();
+        b.put_u32(1);
+        b.put_u64(2);
+        encode_opaque(&mut b, b"");
+        let (input, given_back) = loan(&b);
+        let mut d = Decoder::new(input).lent();
+        assert_eq!((d.u32("a").unwrap(), d.u64("b").unwrap()), (1, 2));
+        assert!(d.opaque("empty", 4).unwrap().is_empty());
+        assert!(d.reads_lent_input());
+        assert!(!given_back.load(std::sync::atomic::Ordering::SeqCst));
+        d.finish("message").unwrap();
+        assert!(given_back.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[test]
+    fn the_rest_of_a_lent_input_is_a_copy() {
+        let (input, given_back) = loan(b"\0\0\0\x01rest");
+        let mut d = Decoder::new(input).lent();
+        d.u32("a").unwrap();
+        let rest = d.into_rest();
+        assert_eq!(&rest[..], b"rest");
+        assert!(given_back.load(std::sync::atomic::Ordering::SeqCst));
+        // Without `lent` the rest is the input itself.
+        let (input, given_back) = loan(b"\0\0\0\x01rest");
+        let mut d = Decoder::new(input);
+        d.u32("a").unwrap();
+        let rest = d.into_rest();
+        assert!(!given_back.load(std::sync::atomic::Ordering::SeqCst));
+        drop(rest);
+        assert!(given_back.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]

@@ -291,6 +291,8 @@ pub fn json(r: &BenchResult) -> Value {
                     "reply_bytes_copied": t.reply_bytes_copied,
                     "reply_bytes_lent": t.reply_bytes_lent,
                     "completions_by_caller": t.completions_by_caller,
+                    "receives_lent": t.receives_lent,
+                    "receives_copied": t.receives_copied,
                 })),
             })
         })

@@ -173,6 +173,12 @@ pub struct TransportStats {
     /// RDMA: work completions handled by a waiting caller on its own
     /// thread (`busy` polling) rather than by the completion thread.
     pub completions_by_caller: u64,
+    /// RDMA: reply messages handed to their callers in the receive buffer
+    /// they landed in (a spare buffer posted in its stead).
+    pub receives_lent: u64,
+    /// RDMA: reply messages copied out of their receive buffer because
+    /// every spare buffer was lent at the time (replies held undecoded).
+    pub receives_copied: u64,
     /// RDMA: the local ACK timeout exponent (4.096 µs × 2^this) of the
     /// newest connection's queue pair, as the device reports it; 0 for
     /// TCP. A setting, not a count: [`Self::since`] keeps it and
@@ -204,6 +210,8 @@ impl TransportStats {
             reply_bytes_copied: d(self.reply_bytes_copied, earlier.reply_bytes_copied),
             reply_bytes_lent: d(self.reply_bytes_lent, earlier.reply_bytes_lent),
             completions_by_caller: d(self.completions_by_caller, earlier.completions_by_caller),
+            receives_lent: d(self.receives_lent, earlier.receives_lent),
+            receives_copied: d(self.receives_copied, earlier.receives_copied),
             ack_timeout: self.ack_timeout,
         }
     }
@@ -230,6 +238,8 @@ impl TransportStats {
             reply_bytes_copied: self.reply_bytes_copied + o.reply_bytes_copied,
             reply_bytes_lent: self.reply_bytes_lent + o.reply_bytes_lent,
             completions_by_caller: self.completions_by_caller + o.completions_by_caller,
+            receives_lent: self.receives_lent + o.receives_lent,
+            receives_copied: self.receives_copied + o.receives_copied,
             ack_timeout: self.ack_timeout.max(o.ack_timeout),
         }
     }

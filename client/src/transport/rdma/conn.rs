@@ -2,6 +2,7 @@
 //! call, dropping the connection, and tearing its objects down in an order
 //! the device accepts.
 
+use super::recv::Receives;
 use super::reg::{self, Registered, Registrar};
 use super::{rdma_err, Counters, NotSent, Outcome, RECV_BUFFERS, SHUT_DOWN};
 use super::{AREA_EXTRA, MAX_INLINE, MIN_INLINE, SOFT_ROCE_ACK_TIMEOUT};
@@ -16,7 +17,8 @@ use nfsrdma_rpcrdma::requester::{plan_call, RequesterConfig};
 use nfsrdma_transport::rdma::engine::Poller;
 use nfsrdma_transport::rdma::verbs::{
     Access, CmEventKind, CmId, CompletionChannel, CompletionQueue, ConnParam, EventChannel,
-    MemoryRegion, ProtectionDomain, QpCaps, QueuePair, VerbsError, WorkCompletion, MAX_ACK_TIMEOUT,
+    MemoryRegion, ProtectionDomain, QpCaps, QueuePair, RecvRing, VerbsError, WorkCompletion,
+    MAX_ACK_TIMEOUT,
 };
 use nfsrdma_xdr::rpc::RpcMessage;
 use nfsrdma_xdr::{Xdr, XdrSink};
@@ -44,12 +46,17 @@ pub(super) struct SlotCall {
     pub posted: Instant,
     /// When its reply arrived.
     pub replied: Option<Instant>,
+    /// Its inline reply is lent in the receive buffer it landed in.
+    pub lent: bool,
 }
 
 /// What the state lock guards: the connection core and the calls.
 pub(super) struct State {
     pub core: Connection<Bytes>,
     pub calls: Vec<Option<SlotCall>>,
+    /// The receive buffers (replies lent in place, spares posted in
+    /// their stead).
+    pub recv: Receives,
     /// The slot of each call in flight, by XID (for its step times).
     pub xids: nfsrdma_rpcrdma::conn::call::XidMap<usize>,
     /// The core's counters as last added to the transport's.
@@ -68,8 +75,6 @@ pub struct Conn {
     pub(super) qp: Arc<QueuePair>,
     pub(super) cq: Arc<CompletionQueue>,
     pub(super) channel: Option<Arc<CompletionChannel>>,
-    pub(super) recv_mr: Arc<MemoryRegion>,
-    pub(super) recv_size: usize,
     pub(super) send_mr: Arc<MemoryRegion>,
     pub(super) send_size: usize,
     pub(super) st: Mutex<State>,
@@ -190,8 +195,7 @@ impl Conn {
         // Only memory the peer can invalidate may be offered to it.
         let offered_ri = opts.remote_inv && reg.remote_invalidation();
         let offer = Offer::requester(opts.inline, offered_ri);
-        let recv_size = offer.inline as usize;
-        let recv_mr = MemoryRegion::new(&pd, slots * recv_size, Access::LOCAL)
+        let mut recv = Receives::new(&pd, RECV_BUFFERS, offer.inline as usize)
             .map_err(e("registering receive buffers"))?;
         let mut core = Connection::new(Config {
             credits: 0,
@@ -208,11 +212,8 @@ impl Conn {
         // Receives go up before connecting.
         while let Some(w) = core.poll_work() {
             if let Work::Recv { buffer, wr } = w {
-                let sge = recv_mr
-                    .sge(buffer as usize * recv_size, recv_size)
-                    .map_err(e("receive"))?;
-                qp.post_recv_one(wr.0, &[sge])
-                    .map_err(e("posting receives"))?;
+                recv.post(&qp, buffer, wr.0)
+                    .map_err(|err| rdma_err(&format!("{addr}: receive"), err))?;
             }
         }
         let depth = attrs
@@ -263,13 +264,12 @@ impl Conn {
             qp,
             cq,
             channel,
-            recv_mr,
-            recv_size,
             send_mr,
             send_size,
             st: Mutex::new(State {
                 core,
                 calls: (0..slots).map(|_| None).collect(),
+                recv,
                 xids: Default::default(),
                 seen: Stats::default(),
             }),
@@ -437,6 +437,7 @@ impl Conn {
             started,
             posted: started,
             replied: None,
+            lent: false,
         });
         st.xids.insert(xid, slot);
         st.core.start_call(slot as u32, plan, message, fence, pre);
@@ -475,12 +476,17 @@ impl Drop for Conn {
     /// on an async worker, holding the connection lock) must not wait for
     /// verbs calls.
     fn drop(&mut self) {
+        let (calls, recv) = {
+            let mut st = lock(&self.st);
+            (std::mem::take(&mut st.calls), st.recv.ring().clone())
+        };
         let t = Teardown {
             id: self.id,
             reg: self.reg.clone(),
             qp: self.qp.clone(),
-            calls: std::mem::take(&mut lock(&self.st).calls),
-            regions: [self.recv_mr.clone(), self.send_mr.clone()],
+            calls,
+            recv,
+            send: self.send_mr.clone(),
             cq: self.cq.clone(),
             channel: self.channel.take(),
             cm: self.cm.clone(),
@@ -523,7 +529,8 @@ struct Teardown {
     reg: Arc<dyn Registrar>,
     qp: Arc<QueuePair>,
     calls: Vec<Option<SlotCall>>,
-    regions: [Arc<MemoryRegion>; 2],
+    recv: RecvRing,
+    send: Arc<MemoryRegion>,
     cq: Arc<CompletionQueue>,
     channel: Option<Arc<CompletionChannel>>,
     cm: Arc<CmId>,
@@ -539,7 +546,8 @@ impl Teardown {
             reg,
             qp,
             calls,
-            regions,
+            recv,
+            send,
             cq,
             channel,
             cm,
@@ -550,7 +558,9 @@ impl Teardown {
         let t1 = Instant::now();
         drop(qp);
         let qp_took = t1.elapsed();
-        drop((calls, reg, regions));
+        // A reply still held by its caller keeps the receive ring's
+        // region (and the protection domain) until it is dropped.
+        drop((calls, reg, recv, send));
         drop((cq, channel));
         drop(cm);
         drop((pd, events));

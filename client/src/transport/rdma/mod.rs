@@ -18,6 +18,8 @@
 //!   mode, the waiting caller polling for itself;
 //! - [`reply`]: completions to the core, the core's work to the queue
 //!   pair, replies to their callers;
+//! - [`recv`]: the receive buffers, a reply lent in the one it landed in
+//!   and a spare posted in its stead;
 //! - [`reg`]: memory registration, one strategy per file (`mw`, `reg-mr`,
 //!   `persistent`).
 //!
@@ -31,8 +33,9 @@
 //! # Threads and buffers (per connection)
 //! One protection domain, one completion queue, one RC queue pair, and one
 //! completion thread; [`RECV_BUFFERS`] receive buffers (one per call slot,
-//! posted before connecting, copied out on arrival: the reply's bytes go
-//! to the caller, who may keep them) and as many send buffers. How
+//! posted before connecting) and as many spares, so that a reply reaches
+//! its caller in the buffer it landed in (see [`recv`]); as many send
+//! buffers as call slots. How
 //! completions are waited for is the completion engine's `PollMode`:
 //! `event` sleeps on the completion channel; `adaptive` and `auto` spin
 //! for a while after the last completion, then sleep; `busy` makes a
@@ -54,6 +57,7 @@
 
 pub mod conn;
 pub mod poll;
+pub mod recv;
 pub mod reg;
 pub mod reply;
 
@@ -165,6 +169,8 @@ pub struct Counters {
     pub(crate) bytes_copied: AtomicU64,
     pub(crate) bytes_lent: AtomicU64,
     pub(crate) by_caller: AtomicU64,
+    pub(crate) receives_lent: AtomicU64,
+    pub(crate) receives_copied: AtomicU64,
     pub(crate) ack_timeout: AtomicU64,
 }
 
@@ -189,8 +195,16 @@ pub(crate) enum NotSent {
 
 /// What a waiting call is handed.
 pub(crate) enum Outcome {
-    /// The reply message and the data placed in the Write chunk.
-    Reply(Bytes, Option<Payload>),
+    /// The reply.
+    Reply {
+        /// The RPC reply message.
+        message: Bytes,
+        /// The data placed in the Write chunk.
+        ddp: Option<Payload>,
+        /// `message` is lent in its receive buffer: it is decoded with a
+        /// lent-input decoder, so that nothing decoded keeps the buffer.
+        lent: bool,
+    },
     /// The connection went away before the reply: send again.
     Lost,
     /// The call failed for good.
@@ -261,6 +275,8 @@ impl RdmaTransport {
             reply_bytes_copied: g(&c.bytes_copied),
             reply_bytes_lent: g(&c.bytes_lent),
             completions_by_caller: g(&c.by_caller),
+            receives_lent: g(&c.receives_lent),
+            receives_copied: g(&c.receives_copied),
             ack_timeout: g(&c.ack_timeout) as u8,
         }
     }
@@ -318,8 +334,11 @@ impl RdmaTransport {
             tokio::select! {
                 biased;
                 r = outcome => match r {
-                    Some(Outcome::Reply(msg, ddp)) => {
-                        let d = nfsrdma_rpcrdma::requester::reply_decoder(msg, ddp);
+                    Some(Outcome::Reply { message, ddp, lent }) => {
+                        let mut d = nfsrdma_rpcrdma::requester::reply_decoder(message, ddp);
+                        if lent {
+                            d = d.lent();
+                        }
                         return reply_results(d, call.prog, call.vers, call.proc_);
                     }
                     Some(Outcome::Fatal(e)) => return Err(e),

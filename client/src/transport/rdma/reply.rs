@@ -10,7 +10,7 @@ use bytes::Bytes;
 use nfsrdma_rpcrdma::conn::{Event, SendOp, Work, WrId};
 use nfsrdma_rpcrdma::requester::{self, Reply, ReplyMessage};
 use nfsrdma_transport::rdma::verbs::{
-    CompletionError, RecvWr, SendFlags, SendOp as VerbsOp, SendWr, WorkCompletion,
+    CompletionError, SendFlags, SendOp as VerbsOp, SendWr, WorkCompletion,
 };
 use nfsrdma_xdr::Payload;
 use std::sync::atomic::Ordering;
@@ -23,26 +23,29 @@ impl Conn {
         match wc.status {
             Ok(()) => match wr.recv_buffer() {
                 Some(b) => {
-                    let off = b as usize * self.recv_size;
-                    let len = (wc.byte_len as usize).min(self.recv_size);
-                    // Copied out: the reply's bytes go to the caller, who
-                    // may keep them; the buffer goes up again at once.
-                    let msg = match self.recv_mr.to_vec(off, len) {
-                        Ok(v) => Bytes::from(v),
-                        Err(e) => return self.kill_locked(st, &format!("receive buffer: {e}")),
+                    // Lent in place where a spare buffer can be posted
+                    // instead (see `recv`).
+                    let (msg, lent) = match st.recv.take(b, wc.byte_len as usize, &self.counters) {
+                        Ok(m) => m,
+                        Err(e) => return self.kill_locked(st, &e),
                     };
                     if let Some(slot) = requester::reply_xid(&msg).and_then(|x| st.xids.get(&x)) {
                         if let Some(c) = st.calls[*slot].as_mut() {
                             c.replied = Some(Instant::now());
+                            c.lent = lent;
                         }
                     }
                     st.core.received(wr, msg, wc.invalidated_rkey);
                 }
                 None => st.core.completed(wr),
             },
-            Err(e) => st
-                .core
-                .failed(wr, matches!(e, CompletionError::Flushed), &e.to_string()),
+            Err(e) => {
+                if let Some(b) = wr.recv_buffer() {
+                    st.recv.cancel(b);
+                }
+                st.core
+                    .failed(wr, matches!(e, CompletionError::Flushed), &e.to_string())
+            }
         }
     }
 
@@ -99,18 +102,7 @@ impl Conn {
 
     fn post(&self, st: &mut State, w: Work<Bytes>) -> Result<(), String> {
         match w {
-            Work::Recv { buffer, wr } => {
-                let sge = self
-                    .recv_mr
-                    .sge(buffer as usize * self.recv_size, self.recv_size)
-                    .map_err(|e| format!("receive buffer: {e}"))?;
-                self.qp
-                    .post_recv(&[RecvWr {
-                        wr_id: wr.0,
-                        sges: &[sge],
-                    }])
-                    .map_err(|e| format!("posting a receive: {e}"))
-            }
+            Work::Recv { buffer, wr } => st.recv.post(&self.qp, buffer, wr.0),
             Work::Reads { .. } => Err("RDMA Reads asked of a client".into()),
             Work::Send(chain) => {
                 let mut invs = Vec::new();
@@ -220,12 +212,16 @@ impl Conn {
                     ranges.push((layout.write_at, n as usize));
                 }
                 let mut data = self.reg.finish(slot, reg, &ranges)?.into_iter();
-                let msg = match message {
-                    ReplyMessage::Inline(b) => b,
-                    ReplyMessage::InReplyChunk(_) => data.next().unwrap_or_default(),
+                let (msg, lent) = match message {
+                    ReplyMessage::Inline(b) => (b, call.lent),
+                    ReplyMessage::InReplyChunk(_) => (data.next().unwrap_or_default(), false),
                 };
                 let ddp = ddp.map(|_| Payload::from(data.next().unwrap_or_default()));
-                Outcome::Reply(msg, ddp)
+                Outcome::Reply {
+                    message: msg,
+                    ddp,
+                    lent,
+                }
             }
             Reply::Error { error, .. } => {
                 self.reg.finish(slot, reg, &[])?;

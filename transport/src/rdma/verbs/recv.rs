@@ -88,6 +88,15 @@ impl RecvRing {
             .count()
     }
 
+    /// True when buffer `i` is neither posted nor lent (so [`RecvRing::post`]
+    /// would post it).
+    pub fn is_free(&self, i: usize) -> bool {
+        self.inner
+            .state
+            .get(i)
+            .is_some_and(|s| s.load(Ordering::Acquire) == FREE)
+    }
+
     fn state(&self, i: usize) -> Result<&AtomicU8> {
         self.inner.state.get(i).ok_or_else(|| {
             VerbsError::InvalidArgument(format!("receive buffer {i} of {}", self.inner.state.len()))
