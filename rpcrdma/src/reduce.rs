@@ -28,6 +28,15 @@ impl ReducingSink {
         }
     }
 
+    /// [`ReducingSink::new`] with room for a stream of `n` bytes.
+    pub fn with_capacity(reduce: bool, n: usize) -> Self {
+        ReducingSink {
+            stream: IoVecSink::with_capacity(n),
+            reduce,
+            ..Default::default()
+        }
+    }
+
     /// Bytes in the (reduced) stream.
     pub fn len(&self) -> usize {
         self.stream.len()
@@ -70,11 +79,91 @@ impl XdrSink for ReducingSink {
     }
 }
 
+/// The lengths a [`ReducingSink`] that reduces would find, without keeping
+/// anything: a first pass that tells how a message will travel before it
+/// is gathered once into a buffer of the right size.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SizingSink {
+    full_len: usize,
+    reduced_len: usize,
+    moved: bool,
+}
+
+impl SizingSink {
+    /// Bytes of the whole stream.
+    pub fn full_len(&self) -> usize {
+        self.full_len
+    }
+
+    /// Bytes of the stream with its first DDP-eligible item moved out
+    /// ([`SizingSink::full_len`] when it has none).
+    pub fn reduced_len(&self) -> usize {
+        self.reduced_len
+    }
+
+    /// True when the stream has a DDP-eligible item.
+    pub fn has_item(&self) -> bool {
+        self.moved
+    }
+}
+
+impl XdrSink for SizingSink {
+    fn put_raw(&mut self, bytes: &[u8]) {
+        self.full_len += bytes.len();
+        self.reduced_len += bytes.len();
+    }
+
+    fn put_payload(&mut self, payload: &Payload) {
+        let n = nfsrdma_xdr::roundup(payload.len());
+        self.full_len += n;
+        if self.moved {
+            self.reduced_len += n;
+        } else {
+            self.moved = true;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use nfsrdma_xdr::nfs3::{Data, NfsFh3, StableHow, Write3Args};
     use nfsrdma_xdr::{Decoder, Xdr};
+
+    #[test]
+    fn sizing_agrees_with_the_sinks_that_keep_the_bytes() {
+        for (data, two) in [(0usize, false), (5, false), (4096, false), (700, true)] {
+            let a = Write3Args {
+                file: NfsFh3::from("handle"),
+                offset: 4096,
+                count: data as u32,
+                stable: StableHow::FileSync,
+                data: Data::from(vec![7u8; data]),
+            };
+            let encode = |s: &mut dyn XdrSink| {
+                a.encode(s);
+                if two {
+                    a.encode(s);
+                }
+            };
+            let mut size = SizingSink::default();
+            encode(&mut size);
+            let mut reduced = ReducingSink::new(true);
+            encode(&mut reduced);
+            assert_eq!(size.full_len(), reduced.full_len());
+            assert_eq!(size.reduced_len(), reduced.len());
+            assert_eq!(size.has_item(), reduced.moved().is_some());
+            let mut whole = IoVecSink::new();
+            encode(&mut whole);
+            assert_eq!(size.full_len(), whole.len());
+        }
+        let mut none = SizingSink::default();
+        none.put_u32_be(1);
+        assert_eq!(
+            (none.full_len(), none.reduced_len(), none.has_item()),
+            (4, 4, false)
+        );
+    }
 
     #[test]
     fn write_args_reduce_to_their_length_word_and_decode_back() {

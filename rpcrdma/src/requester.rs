@@ -13,7 +13,7 @@
 //!   its DDP-eligible item when it has one (READ data, the READLINK path),
 //!   else a Reply chunk sized for the largest reply.
 
-use crate::reduce::ReducingSink;
+use crate::reduce::{ReducingSink, SizingSink};
 use bytes::Bytes;
 use nfsrdma_xdr::rpcrdma::{
     ChunkLists, FixedHeader, RdmaBody, RdmaError, RdmaHeader, RdmaSegment, ReadSegment, WriteChunk,
@@ -117,12 +117,6 @@ pub struct Registrations {
     pub reply: Vec<RdmaSegment>,
 }
 
-const SEG: RdmaSegment = RdmaSegment {
-    handle: 0,
-    length: 0,
-    offset: 0,
-};
-
 /// Plans a call. `encode` writes the RPC call message into the sink it is
 /// given (it may be called twice).
 pub fn plan_call(
@@ -138,22 +132,13 @@ pub fn plan_call(
     } else {
         (None, Some(expect.max_len))
     };
-    let header_len = |read: bool| {
-        let seg = |n: Option<u32>| n.map(|_| WriteChunk::new(vec![SEG]));
-        plan_header(
-            xid,
-            1,
-            read.then_some(4),
-            seg(write_chunk),
-            seg(reply_chunk),
-            false,
-        )
-        .encoded_len()
-    };
+    let header_len =
+        |read: bool| call_header_len(read, write_chunk.is_some(), reply_chunk.is_some());
     let limit = cfg.inline_send as usize;
-    let mut reduced = ReducingSink::new(true);
-    encode(&mut reduced);
-    let full_len = reduced.full_len();
+    // Sized first, then gathered once into a buffer of that size.
+    let mut size = SizingSink::default();
+    encode(&mut size);
+    let full_len = size.full_len();
     let plan = |shape, inline, read| CallPlan {
         xid,
         shape,
@@ -163,16 +148,19 @@ pub fn plan_call(
         reply_chunk,
     };
     if header_len(false) + full_len <= limit {
-        let mut s = IoVecSink::new();
+        let mut s = IoVecSink::with_capacity(full_len);
         encode(&mut s);
         return plan(CallShape::Inline, s.into_parts(), None);
     }
-    if reduced.moved().is_some() && header_len(true) + reduced.len() <= limit {
+    if size.has_item() && header_len(true) + size.reduced_len() <= limit {
+        let mut reduced = ReducingSink::with_capacity(true, size.reduced_len());
+        encode(&mut reduced);
         let (parts, moved) = reduced.finish();
-        let (pos, data) = moved.expect("checked");
+        let (pos, data) = moved.expect("sized with an item");
         return plan(CallShape::ReadChunk, parts, Some((pos as u32, data)));
     }
-    let mut s = IoVecSink::new();
+    // (Its payloads go by reference: room for the rest is enough.)
+    let mut s = IoVecSink::with_capacity(full_len.min(limit));
     encode(&mut s);
     plan(
         CallShape::LongCall,
@@ -181,37 +169,20 @@ pub fn plan_call(
     )
 }
 
-fn plan_header(
-    xid: u32,
-    credits: u32,
-    read: Option<u32>,
-    write: Option<WriteChunk>,
-    reply: Option<WriteChunk>,
-    nomsg: bool,
-) -> RdmaHeader {
-    let lists = ChunkLists {
-        read_list: List(
-            read.map(|position| {
-                vec![ReadSegment {
-                    position,
-                    target: SEG,
-                }]
-            })
-            .unwrap_or_default(),
-        ),
-        write_list: List(write.into_iter().collect()),
-        reply_chunk: reply,
-    };
-    RdmaHeader {
-        xid,
-        vers: RPCRDMA_VERSION,
-        credit: credits,
-        body: if nomsg {
-            RdmaBody::Nomsg(lists)
-        } else {
-            RdmaBody::Msg(lists)
-        },
-    }
+/// The encoded length of an RDMA_MSG call header with at most one segment
+/// in each of its chunks (what [`plan_header`] builds for one), worked out
+/// without building it: the fixed words (XID, version, credits, procedure),
+/// a Read list of one segment (a discriminator, the position, the segment)
+/// or none, then its terminator; a Write list of one chunk of one segment
+/// (a discriminator, the count, the segment) or none, then its
+/// terminator; a Reply chunk (a discriminator, the count, the segment) or
+/// its absence.
+fn call_header_len(read: bool, write: bool, reply: bool) -> usize {
+    const SEGMENT: usize = 16;
+    let read = if read { 4 + 4 + SEGMENT } else { 0 };
+    let write = if write { 4 + 4 + SEGMENT } else { 0 };
+    let reply = if reply { 4 + 4 + SEGMENT } else { 4 };
+    16 + read + 4 + write + 4 + reply
 }
 
 impl CallPlan {
@@ -368,5 +339,63 @@ pub fn reply_decoder(message: Bytes, ddp: Option<Payload>) -> Decoder {
     match ddp {
         Some(d) if !d.is_empty() => Decoder::with_ddp_first(message, d),
         _ => Decoder::new(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEG: RdmaSegment = RdmaSegment {
+        handle: 0,
+        length: 0,
+        offset: 0,
+    };
+
+    fn plan_header(
+        xid: u32,
+        credits: u32,
+        read: Option<u32>,
+        write: Option<WriteChunk>,
+        reply: Option<WriteChunk>,
+        nomsg: bool,
+    ) -> RdmaHeader {
+        let lists = ChunkLists {
+            read_list: List(
+                read.map(|position| {
+                    vec![ReadSegment {
+                        position,
+                        target: SEG,
+                    }]
+                })
+                .unwrap_or_default(),
+            ),
+            write_list: List(write.into_iter().collect()),
+            reply_chunk: reply,
+        };
+        RdmaHeader {
+            xid,
+            vers: RPCRDMA_VERSION,
+            credit: credits,
+            body: if nomsg {
+                RdmaBody::Nomsg(lists)
+            } else {
+                RdmaBody::Msg(lists)
+            },
+        }
+    }
+
+    #[test]
+    fn the_worked_out_call_header_length_is_the_encoded_one() {
+        let seg = |on: bool| on.then(|| WriteChunk::new(vec![SEG]));
+        for bits in 0..8u8 {
+            let (read, write, reply) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+            let h = plan_header(7, 1, read.then_some(4), seg(write), seg(reply), false);
+            assert_eq!(
+                call_header_len(read, write, reply),
+                h.encoded_len(),
+                "read {read} write {write} reply {reply}"
+            );
+        }
     }
 }

@@ -160,6 +160,15 @@ impl IoVecSink {
         Self::default()
     }
 
+    /// An empty sink whose gathering buffer has room for `n` bytes (so
+    /// that a message of known length is gathered without regrowing it).
+    pub fn with_capacity(n: usize) -> Self {
+        IoVecSink {
+            head: BytesMut::with_capacity(n),
+            ..Self::default()
+        }
+    }
+
     /// Total bytes encoded so far.
     pub fn len(&self) -> usize {
         self.len
