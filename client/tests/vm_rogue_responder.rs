@@ -540,14 +540,26 @@ fn run_case<R: Send + 'static, F: std::future::Future>(
         // then reports.
         let out = tokio::time::timeout(CLIENT_LIMIT, client(t.clone(), ours)).await;
         t.shutdown();
-        out
+        out.map_err(|_| t.stats())
     });
     // A reconnection the client started after the rogue broke the
     // connection must not hold the test.
     rt.shutdown_timeout(Duration::from_secs(5));
-    let r = h.join().expect("the rogue responder panicked");
-    let c = c.unwrap_or_else(|_| panic!("the client did not finish in {CLIENT_LIMIT:?}"));
-    (r, c)
+    // The rogue's own panic message is on stderr already; this says how
+    // the client ended beside it.
+    match (h.join(), c) {
+        (Ok(r), Ok(c)) => (r, c),
+        (Err(_), Ok(_)) => panic!("the rogue responder panicked"),
+        (rogue, Err(stats)) => panic!(
+            "the client did not finish in {CLIENT_LIMIT:?} (the rogue {}); \
+             its transport's counters: {stats:?}",
+            if rogue.is_ok() {
+                "returned"
+            } else {
+                "panicked"
+            }
+        ),
+    }
 }
 
 // ---- cases -----------------------------------------------------------------
@@ -711,7 +723,7 @@ fn rogue_responder_send_with_invalidate_of_another_calls_rkey_drops_the_connecti
     in_vm();
     let (dropped, (results, stats)) = run_case(
         client_opts(RegStrategy::Mw, true),
-        |l, _link| {
+        |l, mut link| {
             let mut c = l.accept();
             // A first call raises the client's credits.
             let warm = c.call();
@@ -730,11 +742,16 @@ fn rogue_responder_send_with_invalidate_of_another_calls_rkey_drops_the_connecti
                 let rkey = call.write[0].handle;
                 c2.reply(&call, 16, Some(rkey));
             }
+            // Connected until the client has both replies (a connection
+            // torn down at once may flush the replies' Sends, and the
+            // client would then reconnect to nobody).
+            assert!(link.wait_blocking(), "the client never finished");
             dropped
         },
-        |t, _link| async move {
+        |t, link| async move {
             null(&t, false).await.expect("first call");
             let (a, b) = tokio::join!(null(&t, true), null(&t, true));
+            link.signal();
             (vec![a, b], t.stats())
         },
     );
