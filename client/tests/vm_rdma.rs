@@ -782,3 +782,88 @@ async fn vm_rdma_reconnects_when_the_server_drops_the_connection() {
     assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     c.remove(&root, "r").await.unwrap();
 }
+
+/// A null export over RDMA: WRITEs come by RDMA Read and are dropped,
+/// READs go out by RDMA Write from the store's one registered block of
+/// zeros, so no payload byte is copied on the server; the metrics
+/// exposition counts both, beside the RDMA counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+async fn vm_rdma_null_export_reads_zeros_from_registered_memory() {
+    const LEN: usize = 256 * 1024;
+    let s = RdmaServer::start_with("/null *(rw,null,no_root_squash,insecure)\n");
+    let c = s
+        .connect_to("/null", rdma(RegStrategy::Mw, true, PollMode::Event))
+        .await;
+    let root = c.root().clone();
+    let fh = c
+        .create(&root, "f", CreateHow3::Guarded(mode(0o644)))
+        .await
+        .unwrap()
+        .obj
+        .unwrap();
+    let w = c
+        .write(&fh, 0, pattern(7, LEN), StableHow::FileSync)
+        .await
+        .unwrap();
+    assert_eq!(w.count as usize, LEN);
+    assert_eq!(c.getattr(&fh).await.unwrap().size, LEN as u64);
+    for _ in 0..2 {
+        let r = c.read(&fh, 0, LEN as u32).await.unwrap();
+        assert_eq!(r.data.len(), LEN);
+        assert!(r.data.bytes().all(|b| b == 0), "a null export kept data");
+    }
+    let st = s.stats();
+    assert!(
+        st.read_bytes.load(Ordering::Relaxed) >= LEN as u64,
+        "the WRITE did not come by RDMA Read: {}",
+        st.report()
+    );
+    assert!(
+        st.write_bytes.load(Ordering::Relaxed) >= 2 * LEN as u64,
+        "the READs did not go by RDMA Write: {}",
+        st.report()
+    );
+    assert_eq!(
+        st.payload_copies.load(Ordering::Relaxed),
+        0,
+        "zeros were copied: {}",
+        st.report()
+    );
+    let text = nfsrdma_server::exporter::Sources {
+        service: s.service.clone(),
+        tcp: None,
+        rdma: Some(st.clone()),
+    }
+    .render();
+    for (series, want) in [
+        (
+            r#"nfsrdmad_null_read_bytes_total{export="/null"}"#,
+            (2 * LEN) as f64,
+        ),
+        (
+            r#"nfsrdmad_null_discarded_bytes_total{export="/null"}"#,
+            LEN as f64,
+        ),
+        ("nfsrdmad_rdma_payload_copied_bytes_total", 0.0),
+        ("nfsrdmad_rdma_connections_open", 1.0),
+        (r#"nfsrdmad_nfs_calls_total{procedure="READ"}"#, 2.0),
+    ] {
+        let got = text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        });
+        assert_eq!(got, Some(want), "{series} in\n{text}");
+    }
+    let calls = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("nfsrdmad_rdma_calls_total ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    assert!(calls >= 5.0, "{text}");
+}

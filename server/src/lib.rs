@@ -2,6 +2,7 @@
 //! and RPC-over-RDMA.
 #![forbid(unsafe_code)]
 
+pub mod exporter;
 pub mod exports;
 pub mod rdma;
 pub mod rpcbind;

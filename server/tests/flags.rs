@@ -131,3 +131,94 @@ fn max_io_is_offered_in_fsinfo() {
         other => panic!("FSINFO: {other:?}"),
     }
 }
+
+/// `--null` turns `--export` into a null export: a WRITE is acknowledged
+/// and changes the size, a READ returns zeros, and the report the daemon
+/// prints when it stops counts both. A state file, which would promise the
+/// data back after a restart, is refused beside it.
+#[test]
+fn null_flag_makes_a_null_export_and_refuses_a_state_file() {
+    use nfsrdma_xdr::nfs3::{
+        Create3Args, CreateHow3, Data, DirOpArgs3, Nfs3Args, Nfs3Res, NfsResult, Read3Args, Sattr3,
+        StableHow, Write3Args,
+    };
+    use std::io::{BufRead, Read};
+    let mut child = nfsrdmad(&["--no-rdma", "--null"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start nfsrdmad");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let mut c = common::RawClient::connect(addr);
+    let root = c.mount("/export");
+    let f = match c.nfs(Nfs3Args::Create(Create3Args {
+        where_: DirOpArgs3 {
+            dir: root,
+            name: "f".into(),
+        },
+        how: CreateHow3::Unchecked(Sattr3::default()),
+    })) {
+        Nfs3Res::Create(NfsResult::Ok(ok)) => ok.obj.expect("a handle"),
+        r => panic!("CREATE: {r:?}"),
+    };
+    match c.nfs(Nfs3Args::Write(Write3Args {
+        file: f.clone(),
+        offset: 0,
+        count: 8192,
+        stable: StableHow::FileSync,
+        data: Data::new(bytes::Bytes::from(vec![0xab; 8192])),
+    })) {
+        Nfs3Res::Write(NfsResult::Ok(w)) => {
+            assert_eq!(w.count, 8192);
+            assert_eq!(w.file_wcc.after.expect("attributes").size, 8192);
+        }
+        r => panic!("WRITE: {r:?}"),
+    }
+    match c.nfs(Nfs3Args::Read(Read3Args {
+        file: f,
+        offset: 4096,
+        count: 8192,
+    })) {
+        Nfs3Res::Read(NfsResult::Ok(r)) => {
+            assert!(r.eof);
+            assert_eq!(r.data.len(), 4096);
+            assert!(r.data.bytes().all(|b| b == 0), "a null export kept data");
+        }
+        r => panic!("READ: {r:?}"),
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains(
+            "null export /export: READ bytes answered with zeros 4096, WRITE bytes discarded 8192"
+        ),
+        "{err}"
+    );
+
+    let state = std::env::temp_dir().join(format!("nfsrdmad-null-{}.state", std::process::id()));
+    let (ok, err) = run(&["--no-rdma", "--null", "--state", state.to_str().unwrap()]);
+    assert!(!ok, "--null with --state accepted");
+    assert!(err.contains("is a null export, which keeps none"), "{err}");
+    assert!(!state.exists());
+}

@@ -49,10 +49,15 @@ pub struct RdmaServer {
 impl RdmaServer {
     /// Starts both listeners on ephemeral ports of the RDMA address.
     pub fn start() -> RdmaServer {
+        RdmaServer::start_with(EXPORTS)
+    }
+
+    /// [`RdmaServer::start`] with these exports.
+    pub fn start_with(exports: &str) -> RdmaServer {
         log_warnings();
         let ip = rdma_ip();
         let dev = RdmaDevice::open(SocketAddr::new(ip, 0), 1 << 30).expect("RDMA device");
-        let rules = Exports::parse(EXPORTS).expect("exports");
+        let rules = Exports::parse(exports).expect("exports");
         let ex = Service::exports_from_rules_with(&rules, &StoreConfig::default(), &|| {
             dev.block_source()
         });
@@ -150,7 +155,12 @@ impl RdmaServer {
 
     /// A client of `/export` over RDMA.
     pub async fn connect(&self, rdma: RdmaOptions) -> Client {
-        Client::connect(&self.opts(rdma), &rdma_ip().to_string(), "/export")
+        self.connect_to("/export", rdma).await
+    }
+
+    /// A client of `export` over RDMA.
+    pub async fn connect_to(&self, export: &str, rdma: RdmaOptions) -> Client {
+        Client::connect(&self.opts(rdma), &rdma_ip().to_string(), export)
             .await
             .expect("connect over RDMA")
     }

@@ -22,6 +22,12 @@ struct Args {
     /// source port (a quick start; repeatable).
     #[arg(long = "export", value_name = "PATH")]
     export: Vec<String>,
+    /// Make every --export a null export: READs are answered with zeros
+    /// and WRITEs acknowledged without storing anything, so that what a
+    /// call costs without the store shows (never put data there; cannot
+    /// be combined with --state).
+    #[arg(long)]
+    null: bool,
     /// An exports file (/etc/exports syntax, see docs/operations.md).
     #[arg(long, value_name = "FILE")]
     exports: Option<PathBuf>,
@@ -82,6 +88,11 @@ struct Args {
     /// [default: 1M].
     #[arg(long, value_name = "SIZE")]
     max_io: Option<String>,
+    /// Serve the daemon's counters (per-procedure calls, errors and
+    /// service-time histograms, TCP and RDMA counters, store usage) in the
+    /// Prometheus text format at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 /// The TOML configuration: the same settings as the flags.
@@ -90,6 +101,7 @@ struct Args {
 struct Config {
     #[serde(default)]
     export: Vec<String>,
+    null: Option<bool>,
     exports: Option<PathBuf>,
     tcp: Option<SocketAddr>,
     rpcbind: Option<bool>,
@@ -103,6 +115,7 @@ struct Config {
     workers: Option<usize>,
     max_record: Option<String>,
     max_io: Option<String>,
+    metrics: Option<SocketAddr>,
     state: Option<PathBuf>,
 }
 
@@ -164,9 +177,16 @@ fn start() -> Result<()> {
             .with_context(|| format!("reading exports file {}", file.display()))?;
         rules = Exports::parse(&text).with_context(|| format!("in {}", file.display()))?;
     }
+    let null = args.null || cfg.null.unwrap_or(false);
+    if null && cfg.export.is_empty() && args.export.is_empty() {
+        bail!("--null applies to --export PATH, and none is given (an exports file says `null` per export)");
+    }
     for p in cfg.export.iter().chain(&args.export) {
-        let one = Exports::single(p, ExportOptions::permissive())
-            .with_context(|| format!("--export {p}"))?;
+        let options = ExportOptions {
+            null,
+            ..ExportOptions::permissive()
+        };
+        let one = Exports::single(p, options).with_context(|| format!("--export {p}"))?;
         for e in one.entries {
             if rules.find(&e.path).is_some() {
                 bail!("export {} is given twice", e.path);
@@ -266,6 +286,16 @@ fn start() -> Result<()> {
         None => Service::exports_from_rules(&rules, &store),
     };
     let state = args.state.clone().or(cfg.state.clone());
+    if let (Some(path), Some(e)) = (
+        &state,
+        exports.iter().find(|e| e.store.read().config().null),
+    ) {
+        bail!(
+            "--state {} keeps data across a restart, and export {} is a null export, which keeps none",
+            path.display(),
+            e.path
+        );
+    }
     if let Some(path) = &state {
         let source =
             |d: &Option<Arc<RdmaDevice>>| -> Box<dyn nfsrdma_server::store::blocks::BlockSource> {
@@ -286,6 +316,9 @@ fn start() -> Result<()> {
     let rdma = device.map(|d| (rdma, d));
     for e in &exports {
         tracing::info!(path = %e.path, fsid = e.store.fsid(), "export");
+        if e.store.read().config().null {
+            tracing::warn!(path = %e.path, "null export: READs return zeros, WRITEs are discarded");
+        }
     }
     let service = Arc::new(Service::new(exports, service_config));
 
@@ -293,7 +326,8 @@ fn start() -> Result<()> {
         .enable_all()
         .thread_name("nfsrdmad")
         .build()?;
-    rt.block_on(run(service.clone(), addr, tcp, use_rpcbind, rdma))?;
+    let metrics = args.metrics.or(cfg.metrics);
+    rt.block_on(run(service.clone(), addr, tcp, use_rpcbind, rdma, metrics))?;
     if let Some(path) = &state {
         nfsrdma_server::state::save(path, service.exports())
             .with_context(|| format!("saving the state to {}", path.display()))?;
@@ -308,6 +342,7 @@ async fn run(
     tcp: TcpConfig,
     use_rpcbind: bool,
     rdma: Option<(RdmaConfig, Arc<RdmaDevice>)>,
+    metrics: Option<SocketAddr>,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     // Handlers first: whoever reads the "listening" lines below may signal
@@ -373,6 +408,24 @@ async fn run(
 
     let (tx, rx) = tokio::sync::watch::channel(false);
     let server = TcpServer::new(service.clone(), tcp);
+    let mut exporting = None;
+    if let Some(addr) = metrics {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the metrics endpoint --metrics {addr}"))?;
+        let local = listener.local_addr()?;
+        let sources = nfsrdma_server::exporter::Sources {
+            service: service.clone(),
+            tcp: Some(server.stats()),
+            rdma: rdma_stats.clone(),
+        };
+        tracing::info!(addr = %local, "serving metrics over HTTP at /metrics");
+        println!("nfsrdmad: metrics on http {local}");
+        let rx = rx.clone();
+        exporting = Some(tokio::spawn(nfsrdma_server::exporter::http::serve(
+            listener, sources, rx,
+        )));
+    }
     let serving = tokio::spawn(async move { server.serve(listener, rx).await });
 
     loop {
@@ -390,6 +443,9 @@ async fn run(
     tracing::info!("shutting down: finishing calls in flight");
     let _ = tx.send(true);
     let _ = serving.await;
+    if let Some(e) = exporting {
+        let _ = e.await;
+    }
     if let Some(mut l) = rdma_listener {
         tokio::task::spawn_blocking(move || l.stop()).await?;
     }

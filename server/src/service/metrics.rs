@@ -78,6 +78,15 @@ impl Metrics {
         self.procs[p as usize].calls.load(Ordering::Relaxed)
     }
 
+    /// A copy of procedure `p`'s service-time histogram (nanoseconds).
+    pub fn service_time(&self, p: NfsProc3) -> Histogram<u64> {
+        self.procs[p as usize]
+            .hist
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Calls of procedure `p` that ended with an error status.
     pub fn errors(&self, p: NfsProc3) -> u64 {
         self.procs[p as usize].errors.load(Ordering::Relaxed)

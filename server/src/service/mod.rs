@@ -268,11 +268,19 @@ impl Service {
             .iter()
             .map(|e| e.store.read().compacted_bytes())
             .sum();
-        format!(
+        let mut out = format!(
             "{}store: WRITE bytes copied {copied}, taken over without a copy {adopted}, \
              file bytes gathered from pages into blocks {compacted}\n",
             self.metrics.report()
-        )
+        );
+        for e in self.exports.iter().filter(|e| e.store.read().config().null) {
+            let (zeros, discarded) = e.store.read().null_stats();
+            out.push_str(&format!(
+                "null export {}: READ bytes answered with zeros {zeros}, WRITE bytes discarded {discarded}\n",
+                e.path
+            ));
+        }
+        out
     }
 
     /// The duplicate request cache.

@@ -35,6 +35,38 @@ pub fn zeros(len: usize) -> Bytes {
     Bytes::from_static(&ZEROS[..len])
 }
 
+/// A store's zeros (for holes, unwritten tails and a null export's data):
+/// slices of one block taken from the store's [`BlockSource`] when it is
+/// made, so that over RDMA they are written from registered memory like
+/// file data, with no copy; slices of a static block when the source had
+/// none to give. The block belongs to no file and is never written.
+#[derive(Clone, Debug)]
+pub struct Zeros(Option<Block>);
+
+impl Zeros {
+    /// One block of zeros from `source`.
+    pub fn from_source(source: &dyn BlockSource) -> Zeros {
+        Zeros(Block::new(source, BLOCK_SIZE))
+    }
+
+    /// `len` bytes of zeros (at most one block).
+    pub fn get(&self, len: usize) -> Bytes {
+        match &self.0 {
+            Some(b) => b.slice(0..len),
+            None => zeros(len),
+        }
+    }
+
+    /// True when `part` is a slice of this store's zero block.
+    pub fn holds(&self, part: &Bytes) -> bool {
+        self.0.as_ref().is_some_and(|b| {
+            let start = b.start_addr();
+            let p = part.as_ptr() as usize;
+            p >= start && p + part.len() <= start + b.capacity()
+        })
+    }
+}
+
 /// Memory that backs one block.
 pub trait BlockMemory: AsRef<[u8]> + AsMut<[u8]> + Send + Sync + 'static {}
 
@@ -292,7 +324,7 @@ impl FileBlock {
 
     /// Appends `len` bytes from `at` in the block to `out` (zeros where
     /// nothing was written), as pieces sharing the block's memory.
-    pub fn read_into(&self, at: usize, len: usize, out: &mut Payload) {
+    pub fn read_into(&self, at: usize, len: usize, zeros: &Zeros, out: &mut Payload) {
         match self {
             FileBlock::Whole(b) => {
                 let from_block = len.min(b.capacity().saturating_sub(at));
@@ -300,7 +332,7 @@ impl FileBlock {
                     out.push(b.slice(at..at + from_block));
                 }
                 if from_block < len {
-                    out.push(zeros(len - from_block));
+                    out.push(zeros.get(len - from_block));
                 }
             }
             FileBlock::Pages(pages) => {
@@ -316,7 +348,7 @@ impl FileBlock {
                     match &pages[pi] {
                         Some(p) => {
                             if zero_run > 0 {
-                                out.push(zeros(zero_run));
+                                out.push(zeros.get(zero_run));
                                 zero_run = 0;
                             }
                             let start = p.offset_in_memory() + in_page;
@@ -343,7 +375,7 @@ impl FileBlock {
                     out.push(b.whole_memory().slice(s..e));
                 }
                 if zero_run > 0 {
-                    out.push(zeros(zero_run));
+                    out.push(zeros.get(zero_run));
                 }
             }
         }

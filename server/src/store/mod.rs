@@ -10,7 +10,7 @@
 
 pub mod blocks;
 
-use blocks::{block_size_for, zeros, Block, BlockSource, FileBlock, HeapSource, BLOCK_SIZE, PAGE};
+use blocks::{block_size_for, Block, BlockSource, FileBlock, HeapSource, Zeros, BLOCK_SIZE, PAGE};
 use bytes::Bytes;
 use nfsrdma_xdr::nfs3::{
     access, Fattr3, Ftype3, NfsStat3, NfsTime3, Sattr3, SetTime, SpecData3, WccAttr,
@@ -36,6 +36,7 @@ fn random_key() -> [u64; 2] {
     b.write_u64(!t);
     [a.finish(), b.finish()]
 }
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -320,6 +321,13 @@ pub struct Fs {
     write_adopted: u64,
     /// Bytes of pages gathered into whole blocks (see `settle`).
     write_compacted: u64,
+    /// Zeros for holes and a null export's data, from `source`.
+    zeros: Zeros,
+    /// A null export's READ bytes answered with zeros (READs run under
+    /// the shared lock).
+    null_read: AtomicU64,
+    /// A null export's WRITE bytes discarded.
+    null_discarded: u64,
 }
 
 /// An in-memory file system shared by the service's workers.
@@ -337,6 +345,7 @@ impl Store {
     /// An empty store taking block memory from `source`.
     pub fn with_source(config: StoreConfig, source: Box<dyn BlockSource>) -> Store {
         let fsid = config.fsid;
+        let zeros = Zeros::from_source(&*source);
         let mut fs = Fs {
             config,
             slots: Vec::new(),
@@ -348,6 +357,9 @@ impl Store {
             write_copied: 0,
             write_adopted: 0,
             write_compacted: 0,
+            zeros,
+            null_read: AtomicU64::new(0),
+            null_discarded: 0,
         };
         let now = now();
         let root = fs
@@ -1214,10 +1226,13 @@ impl Fs {
             let in_block = (pos % BLOCK_SIZE as u64) as usize;
             let take = ((end - pos) as usize).min(BLOCK_SIZE - in_block);
             match f.blocks.get(&bi) {
-                Some(b) if !self.config.null => b.read_into(in_block, take, &mut out),
-                _ => out.push(zeros(take)),
+                Some(b) if !self.config.null => b.read_into(in_block, take, &self.zeros, &mut out),
+                _ => out.push(self.zeros.get(take)),
             }
             pos += take as u64;
+        }
+        if self.config.null {
+            self.null_read.fetch_add(end - offset, Ordering::Relaxed);
         }
         Ok((out, end >= f.size))
     }
@@ -1242,7 +1257,9 @@ impl Fs {
             return Err(NfsStat3::Fbig);
         }
         let t = now();
-        if !self.config.null && len > 0 {
+        if self.config.null {
+            self.null_discarded += len;
+        } else if len > 0 {
             self.write_blocks(ino, offset, data)?;
         }
         let i = self.inode_mut(ino)?;
@@ -1456,6 +1473,18 @@ impl Fs {
     /// copy) since the store was created.
     pub fn write_stats(&self) -> (u64, u64) {
         (self.write_copied, self.write_adopted)
+    }
+
+    /// A null export's bytes since the store was created: (READ bytes
+    /// answered with zeros, WRITE bytes discarded); zeros for any other.
+    pub fn null_stats(&self) -> (u64, u64) {
+        (self.null_read.load(Ordering::Relaxed), self.null_discarded)
+    }
+
+    /// True when `part` (of a READ's data) is a slice of the store's one
+    /// block of zeros.
+    pub fn is_zero_block(&self, part: &Bytes) -> bool {
+        self.zeros.holds(part)
     }
 
     /// Bytes of file pages gathered into whole blocks since the store was

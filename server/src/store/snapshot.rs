@@ -187,6 +187,7 @@ impl Store {
         if nslots == 0 || nslots as u64 > config.max_inodes.max(1) + (1 << 20) {
             return Err(SnapshotError::Format("slot count"));
         }
+        let zeros = Zeros::from_source(&*source);
         let mut fs = Fs {
             config,
             slots: Vec::with_capacity(nslots),
@@ -198,6 +199,9 @@ impl Store {
             write_copied: 0,
             write_compacted: 0,
             write_adopted: 0,
+            zeros,
+            null_read: AtomicU64::new(0),
+            null_discarded: 0,
         };
         for idx in 0..nslots {
             let generation = r.u32()?;

@@ -673,6 +673,90 @@ fn null_store_discards_data() {
     assert_eq!(read(&fs, f, 0, 10).0, vec![0u8; 10]);
 }
 
+/// A block source that remembers where each block it gave lies.
+#[derive(Clone, Default)]
+struct Recording(std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>);
+
+impl blocks::BlockSource for Recording {
+    fn alloc(&self, size: usize) -> Option<Box<dyn blocks::BlockMemory>> {
+        let m = HeapSource.alloc(size)?;
+        let at = (*m).as_ref().as_ptr() as usize;
+        self.0.lock().unwrap().push((at, size));
+        Some(m)
+    }
+}
+
+impl Recording {
+    /// The index of the block `part` lies in.
+    fn block_of(&self, part: &Bytes) -> Option<usize> {
+        let p = part.as_ptr() as usize;
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .position(|&(at, len)| p >= at && p + part.len() <= at + len)
+    }
+}
+
+#[test]
+fn null_store_answers_reads_from_one_block_of_its_source_and_counts() {
+    use blocks::BLOCK_SIZE;
+    let src = Recording::default();
+    let s = Store::with_source(
+        StoreConfig {
+            null: true,
+            ..Default::default()
+        },
+        Box::new(src.clone()),
+    );
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, &[9u8; 3 * BLOCK_SIZE + 100]);
+    assert_eq!(fs.null_stats(), (0, 3 * BLOCK_SIZE as u64 + 100));
+    let (data, eof) = fs
+        .read(f, &Cred::root(), 50, 3 * BLOCK_SIZE as u32)
+        .unwrap();
+    assert!(!eof);
+    assert_eq!(data.len(), 3 * BLOCK_SIZE);
+    assert!(data.bytes().all(|b| b == 0));
+    // Every piece is a slice of the one block the source gave: the store's
+    // zeros (registered memory over RDMA), not a copy.
+    assert!(data.parts().len() >= 3, "{}", data.parts().len());
+    for p in data.parts() {
+        assert_eq!(src.block_of(p), Some(0), "a piece from elsewhere");
+        assert!(fs.is_zero_block(p));
+    }
+    assert_eq!(src.0.lock().unwrap().len(), 1, "the writes took memory");
+    assert_eq!(
+        fs.null_stats(),
+        (3 * BLOCK_SIZE as u64, 3 * BLOCK_SIZE as u64 + 100)
+    );
+}
+
+#[test]
+fn holes_are_read_from_the_stores_zero_block() {
+    use blocks::BLOCK_SIZE;
+    let src = Recording::default();
+    let s = Store::with_source(StoreConfig::default(), Box::new(src.clone()));
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 2 * BLOCK_SIZE as u64, b"end");
+    let (data, _) = fs.read(f, &Cred::root(), 10, BLOCK_SIZE as u32).unwrap();
+    assert!(data.bytes().all(|b| b == 0));
+    for p in data.parts() {
+        assert_eq!(src.block_of(p), Some(0), "a hole's zeros from elsewhere");
+    }
+    // The data block is another one, and a normal store counts nothing
+    // as null.
+    let (tail, _) = fs.read(f, &Cred::root(), 2 * BLOCK_SIZE as u64, 3).unwrap();
+    assert_eq!(tail.bytes().collect::<Vec<u8>>(), b"end");
+    assert_eq!(src.block_of(&tail.parts()[0]), Some(1));
+    assert!(!fs.is_zero_block(&tail.parts()[0]));
+    assert_eq!(fs.null_stats(), (0, 0));
+}
+
 #[test]
 fn whole_landing_blocks_are_taken_over_instead_of_copied() {
     use blocks::{LandingBlocks, BLOCK_SIZE};

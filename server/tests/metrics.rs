@@ -1,0 +1,198 @@
+//! `nfsrdmad --metrics ADDR`: the Prometheus endpoint's values move with
+//! the calls made, and requests other than `GET /metrics` get the HTTP
+//! error that names the problem.
+
+mod common;
+
+use nfsrdma_xdr::nfs3::{
+    Create3Args, CreateHow3, DirOpArgs3, Getattr3Args, Nfs3Args, Nfs3Res, NfsFh3, NfsResult, Sattr3,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+
+struct Daemon {
+    child: Child,
+    nfs: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> Daemon {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args([
+            "--export",
+            "/export",
+            "--tcp",
+            "127.0.0.1:0",
+            "--no-rpcbind",
+            "--no-rdma",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nfsrdmad");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut addr_after = |prefix: &str| -> SocketAddr {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read stdout");
+        line.trim()
+            .strip_prefix(prefix)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
+    };
+    let nfs = addr_after("nfsrdmad: listening on tcp ");
+    let metrics = addr_after("nfsrdmad: metrics on http ");
+    Daemon {
+        child,
+        nfs,
+        metrics,
+    }
+}
+
+/// Sends `request` and returns (status line, headers, body).
+fn http(addr: SocketAddr, request: &[u8]) -> (String, String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the endpoint");
+    s.write_all(request).unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    let (head, body) = all.split_once("\r\n\r\n").unwrap_or((&all, ""));
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_string(), headers.to_string(), body.to_string())
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let (status, headers, body) = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{headers}\n{body}");
+    assert!(
+        headers.contains("Content-Type: text/plain; version=0.0.4"),
+        "{headers}"
+    );
+    assert!(
+        headers.contains(&format!("Content-Length: {}", body.len())),
+        "{headers}"
+    );
+    body
+}
+
+/// The value of the sample named exactly `series` (name and labels).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+fn getattr(c: &mut common::RawClient, fh: &NfsFh3) -> Nfs3Res {
+    c.nfs(Nfs3Args::Getattr(Getattr3Args { object: fh.clone() }))
+}
+
+#[test]
+fn values_move_with_the_calls_made() {
+    let d = start();
+    let before = scrape(d.metrics);
+    assert_eq!(
+        value(&before, r#"nfsrdmad_store_files{export="/export"}"#),
+        Some(1.0),
+        "{before}"
+    );
+    assert_eq!(value(&before, "nfsrdmad_tcp_connections_open"), Some(0.0));
+    // No GETATTR yet: no series for it.
+    assert!(!before.contains(r#"procedure="GETATTR""#), "{before}");
+
+    let mut c = common::RawClient::connect(d.nfs);
+    let root = c.mount("/export");
+    for _ in 0..3 {
+        assert!(matches!(
+            getattr(&mut c, &root),
+            Nfs3Res::Getattr(NfsResult::Ok(_))
+        ));
+    }
+    // A handle the server never gave: an error.
+    let mut bad = root.0.to_vec();
+    bad[8] ^= 0xff;
+    assert!(matches!(
+        getattr(&mut c, &NfsFh3(bad.into())),
+        Nfs3Res::Getattr(NfsResult::Err(_, _))
+    ));
+    match c.nfs(Nfs3Args::Create(Create3Args {
+        where_: DirOpArgs3 {
+            dir: root,
+            name: "f".into(),
+        },
+        how: CreateHow3::Unchecked(Sattr3::default()),
+    })) {
+        Nfs3Res::Create(NfsResult::Ok(_)) => {}
+        r => panic!("CREATE: {r:?}"),
+    }
+
+    let after = scrape(d.metrics);
+    let get = |s: &str| value(&after, s).unwrap_or_else(|| panic!("no {s} in\n{after}"));
+    assert_eq!(get(r#"nfsrdmad_nfs_calls_total{procedure="GETATTR"}"#), 4.0);
+    assert_eq!(
+        get(r#"nfsrdmad_nfs_errors_total{procedure="GETATTR"}"#),
+        1.0
+    );
+    assert_eq!(get(r#"nfsrdmad_nfs_calls_total{procedure="CREATE"}"#), 1.0);
+    assert_eq!(get(r#"nfsrdmad_nfs_errors_total{procedure="CREATE"}"#), 0.0);
+    // The histogram holds every call, its buckets are cumulative up to
+    // +Inf, and its sum is a positive time.
+    assert_eq!(
+        get(r#"nfsrdmad_nfs_service_seconds_count{procedure="GETATTR"}"#),
+        4.0
+    );
+    assert_eq!(
+        get(r#"nfsrdmad_nfs_service_seconds_bucket{procedure="GETATTR",le="+Inf"}"#),
+        4.0
+    );
+    let sum = get(r#"nfsrdmad_nfs_service_seconds_sum{procedure="GETATTR"}"#);
+    assert!(sum > 0.0 && sum < 10.0, "{sum}");
+    let buckets: Vec<f64> = after
+        .lines()
+        .filter(|l| l.starts_with("nfsrdmad_nfs_service_seconds_bucket") && l.contains("GETATTR"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), 20, "{after}");
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert_eq!(get(r#"nfsrdmad_store_files{export="/export"}"#), 2.0);
+    assert_eq!(get("nfsrdmad_tcp_connections_open"), 1.0);
+    assert!(get("nfsrdmad_tcp_records_total") >= 6.0);
+    assert_eq!(get("nfsrdmad_garbage_args_total"), 0.0);
+    // Without an RDMA listener there are no RDMA series.
+    assert!(!after.contains("nfsrdmad_rdma_"), "{after}");
+}
+
+#[test]
+fn other_requests_get_the_error_that_names_them() {
+    let d = start();
+    let (status, headers, body) = http(d.metrics, b"HEAD /metrics HTTP/1.0\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.is_empty(), "{body}");
+    assert!(!headers.contains("Content-Length: 0"), "{headers}");
+    let (status, _, body) = http(d.metrics, b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    assert!(body.contains("/metrics"), "{body}");
+    let (status, headers, _) = http(d.metrics, b"POST /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+    assert!(headers.contains("Allow: GET, HEAD"), "{headers}");
+    let (status, _, _) = http(d.metrics, b"hello\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 400 Bad Request");
+    // A head that never ends is cut at its limit, not read for ever.
+    let mut huge = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+    huge.resize(64 * 1024, b'a');
+    let (status, _, _) = http(d.metrics, &huge);
+    assert_eq!(status, "HTTP/1.1 431 Request Header Fields Too Large");
+    // The endpoint still serves.
+    scrape(d.metrics);
+}
