@@ -848,6 +848,14 @@ async fn vm_rdma_null_export_reads_zeros_from_registered_memory() {
         ("nfsrdmad_rdma_payload_copied_bytes_total", 0.0),
         ("nfsrdmad_rdma_connections_open", 1.0),
         (r#"nfsrdmad_nfs_calls_total{procedure="READ"}"#, 2.0),
+        (
+            r#"nfsrdmad_turnaround_seconds_count{transport="rdma",procedure="READ",size="256k"}"#,
+            2.0,
+        ),
+        (
+            r#"nfsrdmad_turnaround_seconds_count{transport="rdma",procedure="WRITE",size="256k"}"#,
+            1.0,
+        ),
     ] {
         let got = text.lines().find_map(|l| {
             l.strip_prefix(series)?

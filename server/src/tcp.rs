@@ -8,6 +8,7 @@
 //! server (the worker pool). A record larger than the maximum closes that
 //! connection only.
 
+use crate::service::metrics::Transport;
 use crate::service::{CallContext, Service};
 use bytes::{Buf, Bytes};
 use nfsrdma_xdr::record::{marker, RecordReader};
@@ -15,6 +16,7 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -138,6 +140,9 @@ impl Connection {
             loop {
                 match reader.next_record() {
                     Ok(Some(rec)) => {
+                        // The turnaround counts from here: waiting for a
+                        // worker is the server's time too.
+                        let arrived = Instant::now();
                         self.stats.records.fetch_add(1, Ordering::Relaxed);
                         let Ok(conn_permit) = per_conn.clone().acquire_owned().await else {
                             break 'conn;
@@ -153,6 +158,13 @@ impl Connection {
                                 let len: usize = parts.iter().map(Bytes::len).sum();
                                 parts.insert(0, Bytes::copy_from_slice(&marker(len as u32, true)));
                                 let _ = tx.send(parts);
+                                if let Some(c) = reply.class {
+                                    service.metrics().record_turnaround(
+                                        Transport::Tcp,
+                                        c,
+                                        arrived.elapsed(),
+                                    );
+                                }
                             }
                             drop(worker);
                             drop(conn_permit);

@@ -346,7 +346,7 @@ fn config_file_and_sigusr1_report() {
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     // Two reports: one on SIGUSR1, one at exit.
-    assert_eq!(err.matches("procedure ").count(), 2, "{err}");
+    assert_eq!(err.matches("duplicate request cache: ").count(), 2, "{err}");
     // An unknown key in the config file is an error naming it.
     std::fs::write(&cfg, "bogus = 1\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))

@@ -5,7 +5,8 @@
 mod common;
 
 use nfsrdma_xdr::nfs3::{
-    Create3Args, CreateHow3, DirOpArgs3, Getattr3Args, Nfs3Args, Nfs3Res, NfsFh3, NfsResult, Sattr3,
+    Create3Args, CreateHow3, Data, DirOpArgs3, Getattr3Args, Nfs3Args, Nfs3Res, NfsFh3, NfsResult,
+    Read3Args, Sattr3, StableHow, Write3Args,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -126,15 +127,36 @@ fn values_move_with_the_calls_made() {
         getattr(&mut c, &NfsFh3(bad.into())),
         Nfs3Res::Getattr(NfsResult::Err(_, _))
     ));
-    match c.nfs(Nfs3Args::Create(Create3Args {
+    let f = match c.nfs(Nfs3Args::Create(Create3Args {
         where_: DirOpArgs3 {
             dir: root,
             name: "f".into(),
         },
         how: CreateHow3::Unchecked(Sattr3::default()),
     })) {
-        Nfs3Res::Create(NfsResult::Ok(_)) => {}
+        Nfs3Res::Create(NfsResult::Ok(ok)) => ok.obj.expect("a handle"),
         r => panic!("CREATE: {r:?}"),
+    };
+    // A 5,000-byte WRITE (size class 16k) and two 4 KiB READs (4k).
+    match c.nfs(Nfs3Args::Write(Write3Args {
+        file: f.clone(),
+        offset: 0,
+        count: 5000,
+        stable: StableHow::FileSync,
+        data: Data::new(bytes::Bytes::from(vec![1u8; 5000])),
+    })) {
+        Nfs3Res::Write(NfsResult::Ok(_)) => {}
+        r => panic!("WRITE: {r:?}"),
+    }
+    for _ in 0..2 {
+        match c.nfs(Nfs3Args::Read(Read3Args {
+            file: f.clone(),
+            offset: 0,
+            count: 4096,
+        })) {
+            Nfs3Res::Read(NfsResult::Ok(_)) => {}
+            r => panic!("READ: {r:?}"),
+        }
     }
 
     let after = scrape(d.metrics);
@@ -165,6 +187,22 @@ fn values_move_with_the_calls_made() {
         .collect();
     assert_eq!(buckets.len(), 20, "{after}");
     assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    // The server's whole share of each call, by transport, procedure and
+    // size class; it holds the service time.
+    let turn = |proc_: &str, size: &str, part: &str| {
+        get(&format!(
+            r#"nfsrdmad_turnaround_seconds_{part}{{transport="tcp",procedure="{proc_}",size="{size}"}}"#
+        ))
+    };
+    assert_eq!(turn("GETATTR", "any", "count"), 4.0);
+    assert_eq!(turn("WRITE", "16k", "count"), 1.0);
+    assert_eq!(turn("READ", "4k", "count"), 2.0);
+    assert!(!after.contains(r#"procedure="READ",size="16k""#), "{after}");
+    assert!(
+        turn("GETATTR", "any", "sum") >= sum,
+        "turnaround {} < service time {sum}",
+        turn("GETATTR", "any", "sum")
+    );
     assert_eq!(get(r#"nfsrdmad_store_files{export="/export"}"#), 2.0);
     assert_eq!(get("nfsrdmad_tcp_connections_open"), 1.0);
     assert!(get("nfsrdmad_tcp_records_total") >= 6.0);

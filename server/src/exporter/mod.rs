@@ -6,7 +6,9 @@
 //! Names start with `nfsrdmad_`. Per procedure: `nfs_calls_total`,
 //! `nfs_errors_total` (a status other than NFS3_OK) and
 //! `nfs_service_seconds` (a histogram of the time a call spent in the
-//! service, from its decoded arguments to its reply). The duplicate
+//! service, from its decoded arguments to its reply); per transport,
+//! procedure and size class `turnaround_seconds` (from a call's arrival
+//! to its reply posted: the server's whole share of the call). The duplicate
 //! request cache and GARBAGE_ARGS; TCP (`tcp_*`) and RPC-over-RDMA
 //! (`rdma_*`) counters when that transport runs; per export (label
 //! `export`) the store's bytes and files, used and allowed, WRITE bytes
@@ -17,9 +19,10 @@ pub mod http;
 use crate::rdma::RdmaStats;
 use crate::service::Service;
 use crate::tcp::TcpStats;
+use hdrhistogram::Histogram;
 use nfsrdma_xdr::nfs3::NfsProc3;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -73,6 +76,22 @@ fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fm
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A histogram of nanoseconds as one of seconds with [`SECONDS_BUCKETS`].
+fn seconds(m: &mut MetricEncoder, hist: &Histogram<u64>) -> std::fmt::Result {
+    let mut buckets: Vec<(f64, u64)> = SECONDS_BUCKETS.iter().map(|b| (*b, 0)).collect();
+    let mut sum_ns = 0u128;
+    for v in hist.iter_recorded() {
+        let ns = v.value_iterated_to();
+        let n = v.count_at_value();
+        sum_ns += u128::from(ns) * u128::from(n);
+        let s = ns as f64 / 1e9;
+        if let Some(b) = buckets.iter_mut().find(|(le, _)| s <= *le) {
+            b.1 += n;
+        }
+    }
+    m.encode_histogram::<NoLabelSet>(sum_ns as f64 / 1e9, hist.len(), &buckets, None)
 }
 
 fn load(a: &AtomicU64) -> u64 {
@@ -141,26 +160,27 @@ impl Collector for Sources {
                 MetricType::Histogram,
             )?;
             for p in &called {
-                let hist = m.service_time(*p);
-                let mut buckets: Vec<(f64, u64)> =
-                    SECONDS_BUCKETS.iter().map(|b| (*b, 0)).collect();
-                let mut sum_ns = 0u128;
-                for v in hist.iter_recorded() {
-                    let ns = v.value_iterated_to();
-                    let n = v.count_at_value();
-                    sum_ns += u128::from(ns) * u128::from(n);
-                    let s = ns as f64 / 1e9;
-                    if let Some(b) = buckets.iter_mut().find(|(le, _)| s <= *le) {
-                        b.1 += n;
-                    }
-                }
                 let labels = [("procedure", p.name())];
-                h.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
-                    sum_ns as f64 / 1e9,
-                    hist.len(),
-                    &buckets,
-                    None,
-                )?;
+                seconds(&mut h.encode_family(&labels)?, &m.service_time(*p))?;
+            }
+        }
+        let turnarounds = m.turnarounds();
+        if !turnarounds.is_empty() {
+            let mut h = e.encode_descriptor(
+                "turnaround_seconds",
+                "Time from a call's arrival (its receive completion over RDMA, its whole record over TCP) \
+                 to its reply posted (the reply's Send over RDMA, handed to the connection's writer over TCP), \
+                 by transport, procedure and size class (READ and WRITE: up to 4k, 16k, 64k, 256k, 1m; others: any)",
+                None,
+                MetricType::Histogram,
+            )?;
+            for (t, c, hist) in &turnarounds {
+                let labels = [
+                    ("transport", t.name()),
+                    ("procedure", c.proc_.name()),
+                    ("size", c.size.name()),
+                ];
+                seconds(&mut h.encode_family(&labels)?, hist)?;
             }
         }
         counter(

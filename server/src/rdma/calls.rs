@@ -16,6 +16,7 @@
 
 use super::conn::Verbs;
 use super::RdmaStats;
+use crate::service::metrics::CallClass;
 use crate::service::{CallContext, Service};
 use crate::store::blocks::{Block, LandingBlocks};
 use bytes::Bytes;
@@ -197,7 +198,9 @@ pub fn landed(l: Landing) -> Result<Vec<Payload>, VerbsError> {
 
 /// Runs a ready call and answers it through the core: the reply, an
 /// RDMA_ERROR (its RPC header at fault, or a reply that cannot travel as
-/// encoded), or nothing (a retransmission of a call in progress).
+/// encoded), or nothing (a retransmission of a call in progress). Returns
+/// what the call's turnaround is recorded under when a reply went to the
+/// core (see [`crate::service::Reply::class`]).
 pub fn run(
     core: &mut Connection<Local>,
     id: CallId,
@@ -206,37 +209,37 @@ pub fn run(
     ctx: &CallContext,
     v: &Verbs,
     stats: &RdmaStats,
-) -> Result<(), VerbsError> {
+) -> Result<Option<CallClass>, VerbsError> {
     let Some(call) = core.call(id) else {
-        return Ok(());
+        return Ok(None);
     };
     let xid = call.xid;
     let Ok(mut d) = call.assemble(data) else {
         tracing::debug!(peer = %ctx.peer, xid, "chunk data does not match the Read list");
         core.reject(id);
-        return Ok(());
+        return Ok(None);
     };
     let body = match responder::call_header(&mut d, xid) {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(peer = %ctx.peer, xid, error = %e, "ERR_CHUNK");
             core.reject(id);
-            return Ok(());
+            return Ok(None);
         }
     };
     let Some(reply) = service.handle_call(ctx, xid, &body, d) else {
         tracing::debug!(peer = %ctx.peer, xid, "retransmission of a call in progress: no reply");
         core.no_reply(id);
-        return Ok(());
+        return Ok(None);
     };
     let plan = match core.plan_reply(id, |s| reply.encode(s)) {
         Some(Ok(p)) => p,
         Some(Err(e)) => {
             tracing::debug!(peer = %ctx.peer, xid, error = %e, "reply cannot be sent");
             core.reject(id);
-            return Ok(());
+            return Ok(None);
         }
-        None => return Ok(()),
+        None => return Ok(None),
     };
     // Data in arena memory goes from there; anything else into the call's
     // chunk buffer.
@@ -258,7 +261,7 @@ pub fn run(
             let Some((at, _)) = staging.as_mut().filter(|(at, end)| *at + p.len() <= *end) else {
                 tracing::debug!(peer = %ctx.peer, xid, "reply data does not fit the chunk buffer");
                 core.reject(id);
-                return Ok(());
+                return Ok(None);
             };
             v.chunk_mr.write_at(*at, p)?;
             pieces.push(Local::Staged {
@@ -274,7 +277,7 @@ pub fn run(
         local.push(pieces);
     }
     core.send_reply(id, plan, local, staged);
-    Ok(())
+    Ok(reply.class)
 }
 
 /// How `total` bytes of a Read chunk land: a head of up to `head` bytes

@@ -6,6 +6,7 @@
 
 use super::calls::{self, Landing, Local};
 use super::RdmaStats;
+use crate::service::metrics::{CallClass, Transport};
 use crate::service::{CallContext, Service};
 use nfsrdma_rpcrdma::conn::{
     CallId, ConnError as CoreError, Connection, Event, SendOp, Stats, Work, WrId, WrKind,
@@ -18,6 +19,7 @@ use nfsrdma_transport::rdma::verbs::{
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A connection's verbs objects and registered memory.
 pub struct Verbs {
@@ -66,8 +68,14 @@ pub struct Conn {
     stats: Arc<RdmaStats>,
     /// The core's counters as last added to `stats`.
     seen: Stats,
-    /// Calls whose Read chunks are being read.
-    landing: HashMap<CallId, Landing>,
+    /// Calls whose Read chunks are being read, with when they arrived.
+    landing: HashMap<CallId, (Landing, Instant)>,
+    /// When the completions being handled were seen: a call's arrival.
+    batch_at: Instant,
+    /// Replies posted in this round of work, with their calls' arrivals:
+    /// their turnarounds are recorded with one reading of the clock once
+    /// the round's work is posted.
+    posted: Vec<(CallClass, Instant)>,
     /// The signaled Read of each chain in flight, and its call.
     read_wrs: HashMap<u64, CallId>,
     /// Per send slot: the reply data its Writes read, kept (and its store
@@ -99,6 +107,8 @@ impl Conn {
             stats,
             seen: Stats::default(),
             landing: HashMap::new(),
+            batch_at: Instant::now(),
+            posted: Vec::new(),
             read_wrs: HashMap::new(),
             holds: HashMap::new(),
             deferred: Vec::new(),
@@ -134,7 +144,7 @@ impl Conn {
                 };
                 found.fetch_add(1, Ordering::Relaxed);
             }
-            self.poller.worked();
+            self.batch_at = self.poller.worked();
             for wc in wcs.drain(..) {
                 self.completion(wc)?;
             }
@@ -149,7 +159,7 @@ impl Conn {
             // The chain's blocks come back to its landing whatever the
             // status.
             if let Some(call) = self.read_wrs.remove(&wc.wr_id) {
-                if let Some(l) = self.landing.get_mut(&call) {
+                if let Some((l, _)) = self.landing.get_mut(&call) {
                     l.reads.complete(wc.wr_id);
                 }
             }
@@ -195,6 +205,13 @@ impl Conn {
                 break;
             }
         }
+        if !self.posted.is_empty() {
+            let now = Instant::now();
+            let m = self.service.metrics();
+            for (c, arrived) in self.posted.drain(..) {
+                m.record_turnaround(Transport::Rdma, c, now.saturating_duration_since(arrived));
+            }
+        }
         let now = self.core.stats();
         self.stats.add(&self.seen, &now);
         self.seen = now;
@@ -212,7 +229,7 @@ impl Conn {
                 };
                 match calls::land(call, &self.v)? {
                     Some((l, reads, bytes)) => {
-                        self.landing.insert(id, l);
+                        self.landing.insert(id, (l, self.batch_at));
                         self.core.land(id, reads, bytes);
                     }
                     None => {
@@ -222,11 +239,11 @@ impl Conn {
                 }
             }
             Event::Call(id) => {
-                let data = match self.landing.remove(&id) {
-                    Some(l) => calls::landed(l)?,
-                    None => Vec::new(),
+                let (data, arrived) = match self.landing.remove(&id) {
+                    Some((l, at)) => (calls::landed(l)?, at),
+                    None => (Vec::new(), self.batch_at),
                 };
-                calls::run(
+                let replied = calls::run(
                     &mut self.core,
                     id,
                     data,
@@ -235,6 +252,9 @@ impl Conn {
                     &self.v,
                     &self.stats,
                 )?;
+                if let Some(c) = replied {
+                    self.posted.push((c, arrived));
+                }
             }
             // The server sends no calls of its own (yet): nothing answers
             // one.
@@ -264,7 +284,7 @@ impl Conn {
                 wr,
                 quiet,
             } => {
-                let l = self.landing.get_mut(&call).ok_or_else(|| {
+                let (l, _) = self.landing.get_mut(&call).ok_or_else(|| {
                     VerbsError::InvalidArgument(format!("Reads for {call:?}, which has no landing"))
                 })?;
                 calls::post_reads(l, &self.v, &reads, wr.0, quiet.0)?;

@@ -14,7 +14,7 @@ use crate::exports::{ExportEntry, ExportOptions};
 use crate::store::{Cred, Store, StoreConfig};
 use bytes::Bytes;
 use drc::{Drc, DrcKey, DrcLookup};
-use metrics::Metrics;
+use metrics::{CallClass, Metrics, SizeClass};
 use nfsrdma_xdr::nfs3::{self, NfsProc3};
 use nfsrdma_xdr::rpc::{
     self, flavor, AcceptStat, AuthStat, CallBody, MessageBody, RejectedReply, RpcMessage,
@@ -95,6 +95,10 @@ pub struct Reply {
     pub header: RpcMessage,
     /// The results.
     pub body: ReplyBody,
+    /// What the transport records the call's turnaround under, once it
+    /// has posted the reply: an NFS procedure that ran (not a reply from
+    /// the duplicate request cache, not an error before it ran).
+    pub class: Option<CallClass>,
 }
 
 impl Reply {
@@ -102,6 +106,7 @@ impl Reply {
         Reply {
             header: RpcMessage::accepted(xid, stat),
             body: ReplyBody::Void,
+            class: None,
         }
     }
 
@@ -109,6 +114,7 @@ impl Reply {
         Reply {
             header: RpcMessage::accepted(xid, AcceptStat::Success),
             body,
+            class: None,
         }
     }
 
@@ -327,6 +333,7 @@ impl Service {
             return Some(Reply {
                 header: RpcMessage::denied(xid, RejectedReply::RpcMismatch { low: 2, high: 2 }),
                 body: ReplyBody::Void,
+                class: None,
             });
         }
         let cred = match call.cred.flavor {
@@ -396,10 +403,16 @@ impl Service {
                 return Some(Reply::error(xid, AcceptStat::GarbageArgs));
             }
         };
+        let size = match &decoded {
+            nfs3::Nfs3Args::Read(a) => SizeClass::of(a.count),
+            nfs3::Nfs3Args::Write(a) => SizeClass::of(a.count),
+            _ => SizeClass::Any,
+        };
         let start = Instant::now();
         let res = self.nfs_dispatch(caller, decoded);
         self.metrics.record(p, res.status(), start.elapsed());
-        let reply = Reply::success(xid, ReplyBody::Nfs(res));
+        let mut reply = Reply::success(xid, ReplyBody::Nfs(res));
+        reply.class = Some(CallClass { proc_: p, size });
         if let Some(k) = drc_key {
             let mut body = bytes::BytesMut::new();
             reply.encode_body(&mut body);
@@ -445,6 +458,7 @@ fn auth_error(xid: u32, why: AuthStat) -> Reply {
     Reply {
         header: RpcMessage::denied(xid, RejectedReply::AuthError(why)),
         body: ReplyBody::Void,
+        class: None,
     }
 }
 

@@ -367,9 +367,12 @@ impl Poller {
     }
 
     /// The owner did work now: spinning and the next gap count from here.
-    pub fn worked(&mut self) {
+    /// Returns the time it read (when the completions just polled were
+    /// seen).
+    pub fn worked(&mut self) -> Instant {
         self.last_work = Instant::now();
         self.slept = false;
+        self.last_work
     }
 }
 
