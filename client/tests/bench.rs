@@ -270,6 +270,14 @@ fn options_are_checked_with_clear_messages() {
             "\"x\" is not a process ID",
         ),
         (&["--server-pid", "0", "h:/e"], "\"0\" is not a process ID"),
+        (
+            &["--server-metrics", "https://h:9420/metrics", "h:/e"],
+            "give an http:// URL",
+        ),
+        (
+            &["--server-metrics", "http://h/metrics", "h:/e"],
+            "the URL needs HOST:PORT",
+        ),
         (&["h"], "is not SERVER:/path"),
     ];
     for (args, want) in cases {
@@ -451,6 +459,7 @@ fn latency_run_writes_table_json_csv_and_svg() {
 fn throughput_run_reports_iops_and_cpu() {
     let s = TestServer::start(EXPORTS);
     let server_pid = std::process::id().to_string();
+    let metrics_url = format!("http://{}/metrics", s.metrics);
     let dir = tmpdir("throughput");
     let (json, csv, svg) = (dir.join("t.json"), dir.join("t.csv"), dir.join("t.svg"));
     let o = nfsrdma(
@@ -478,6 +487,8 @@ fn throughput_run_reports_iops_and_cpu() {
             "2",
             "--server-pid",
             &server_pid,
+            "--server-metrics",
+            &metrics_url,
             "--json",
             json.to_str().unwrap(),
             "--csv",
@@ -487,6 +498,7 @@ fn throughput_run_reports_iops_and_cpu() {
         ],
     );
     let out = ok(&o);
+    assert!(out.contains("the server's mean turnaround"), "{out}");
     assert!(
         out.contains("Throughput: randrw (70% reads), bs 4 KiB, 2 job(s) x iodepth 2"),
         "{out}"
@@ -515,6 +527,28 @@ fn throughput_run_reports_iops_and_cpu() {
     );
     assert_eq!(row["latency"]["samples"], 512);
     assert!(row["server_cpu_cores"].as_f64().unwrap() >= 0.0, "{row}");
+    // The server counted exactly the run's calls (the file was laid out
+    // before the first slice), and its share of each is part of the
+    // client's latency.
+    let counters = &row["server_counters"];
+    let calls = |p: &str| {
+        counters[format!("nfsrdmad_nfs_calls_total{{procedure=\"{p}\"}}")]
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(calls("READ") + calls("WRITE"), 512.0, "{counters}");
+    assert_eq!(
+        calls("READ"),
+        row["read_ops"].as_f64().unwrap(),
+        "{counters}"
+    );
+    let server = row["server_turnaround_us"].as_f64().unwrap();
+    let client = row["latency"]["mean_us"].as_f64().unwrap();
+    assert!(
+        server > 0.0 && server < client,
+        "server {server} us, client {client} us"
+    );
+    assert_eq!(doc["config"]["throughput"]["server_metrics"], metrics_url);
     assert_eq!(
         doc["config"]["throughput"]["server_pids"],
         serde_json::json!([std::process::id()])
@@ -523,6 +557,41 @@ fn throughput_run_reports_iops_and_cpu() {
     assert_eq!(csv_text.lines().count(), 2);
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(chart.matches("<polyline").count(), 1);
+}
+
+/// A metrics endpoint that does not answer ends a run with an error
+/// naming it, not with counters missing from the report.
+#[test]
+fn an_unreachable_server_metrics_endpoint_is_a_clear_error() {
+    let s = TestServer::start(EXPORTS);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{closed}/metrics");
+    let o = nfsrdma(
+        &server_args(&s),
+        &[
+            "bench",
+            "127.0.0.1:/export",
+            "--mode",
+            "throughput",
+            "-s",
+            "64k",
+            "--bs",
+            "4k",
+            "--bytes",
+            "64k",
+            "--rounds",
+            "1",
+            "--server-metrics",
+            &url,
+        ],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("--server-metrics: {url}")), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 fn plan_for(s: &TestServer, extra: &[&str]) -> bench::Plan {

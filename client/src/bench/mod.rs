@@ -27,6 +27,7 @@
 mod latency;
 pub mod pattern;
 pub mod report;
+pub mod server_metrics;
 mod stats;
 mod throughput;
 
@@ -289,6 +290,13 @@ pub struct BenchArgs {
     /// server cores. Without it, server CPU is n/a.
     #[arg(long, value_name = "PID,...", value_parser = parse_pids)]
     pub server_pid: Option<PidList>,
+    /// Throughput: the server's Prometheus endpoint (nfsrdmad --metrics),
+    /// e.g. http://10.0.0.1:9420/metrics, read before and after each slice:
+    /// the report then gives the server's mean turnaround of the run's
+    /// READs and WRITEs (arrival to reply posted) beside the client's mean
+    /// latency, and the JSON every server counter's change.
+    #[arg(long, value_name = "URL", value_parser = server_metrics::parse_url)]
+    pub server_metrics: Option<server_metrics::MetricsUrl>,
     /// Write every summary and the whole configuration as JSON
     /// (docs/bench.schema.json).
     #[arg(long, value_name = "FILE")]
@@ -362,6 +370,8 @@ pub struct ThroughputSpec {
     pub bytes: Option<u64>,
     /// Processes whose CPU time is the server's (`--server-pid`).
     pub server_pids: Vec<u32>,
+    /// The server's metrics endpoint (`--server-metrics`).
+    pub server_metrics: Option<server_metrics::MetricsUrl>,
 }
 
 impl ThroughputSpec {
@@ -478,6 +488,7 @@ impl Plan {
                     .as_ref()
                     .map(|p| p.0.clone())
                     .unwrap_or_default(),
+                server_metrics: args.server_metrics.clone(),
             },
             progress: !args.no_progress,
             keep: args.keep,
@@ -653,6 +664,12 @@ pub struct ThroughputRow {
     pub server_cpu_cores: Option<f64>,
     /// Retransmissions the transports counted.
     pub retransmits: u64,
+    /// How each cumulative series of the server's endpoint moved during
+    /// the variant's slices (`--server-metrics`).
+    pub server_counters: Option<server_metrics::Samples>,
+    /// The server's mean turnaround of the READs and WRITEs during the
+    /// variant's slices, in microseconds (`--server-metrics`).
+    pub server_turnaround_us: Option<f64>,
 }
 
 impl ThroughputRow {

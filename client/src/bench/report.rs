@@ -213,6 +213,17 @@ fn throughput_table(r: &BenchResult, s: &mut String) {
         );
     }
     let _ = writeln!(s, "(latencies in microseconds)");
+    for row in &r.throughput {
+        if let Some(server) = row.server_turnaround_us {
+            let client = row.summary.mean_us;
+            let _ = writeln!(
+                s,
+                "{}: the server's mean turnaround {server:.1} us of the client's mean latency {client:.1} us ({:.0}%)",
+                r.variants[row.variant].spec.label,
+                if client > 0.0 { 100.0 * server / client } else { 0.0 },
+            );
+        }
+    }
 }
 
 fn summary_json(m: &Summary) -> Value {
@@ -244,6 +255,8 @@ fn throughput_json(r: &BenchResult, t: &ThroughputRow) -> Value {
         "client_cpu_cores": t.client_cpu_cores,
         "server_cpu_cores": t.server_cpu_cores,
         "retransmits": t.retransmits,
+        "server_turnaround_us": t.server_turnaround_us,
+        "server_counters": t.server_counters,
     })
 }
 
@@ -351,6 +364,7 @@ pub fn json(r: &BenchResult) -> Value {
                 "runtime_s": t.bytes.is_none().then_some(t.runtime.as_secs_f64()),
                 "bytes": t.bytes,
                 "server_pids": t.server_pids,
+                "server_metrics": t.server_metrics.as_ref().map(|u| u.to_string()),
             })),
         },
         "variants": variants,

@@ -3,6 +3,7 @@
 
 use super::latency::{read_record, write_record};
 use super::pattern;
+use super::server_metrics;
 use super::stats::{self, Summary};
 use super::{BenchError, BenchResult, Conn, Plan, ThroughputRow};
 use crate::xdr::nfs3::NfsFh3;
@@ -139,6 +140,8 @@ struct Acc {
     cpu: Option<f64>,
     /// CPU seconds of the `--server-pid` processes during the slices.
     server_cpu: Option<f64>,
+    /// What the server's counters moved by during the slices.
+    server_counters: Option<server_metrics::Samples>,
     retransmits_before: u64,
 }
 
@@ -181,6 +184,7 @@ pub(super) async fn run(
             elapsed: Duration::ZERO,
             cpu: Some(0.0),
             server_cpu: (!spec.server_pids.is_empty()).then_some(0.0),
+            server_counters: spec.server_metrics.as_ref().map(|_| Default::default()),
             retransmits_before: retransmits(c),
         })
         .collect();
@@ -193,6 +197,14 @@ pub(super) async fn run(
             pb.set_message(format!("round {}/{rounds} variant {}", round + 1, c.label));
             let cpu0 = stats::process_cpu_seconds(None);
             let server0 = stats::processes_cpu_seconds(&spec.server_pids);
+            let metrics0 = match &spec.server_metrics {
+                Some(u) => Some(
+                    server_metrics::scrape(u)
+                        .await
+                        .map_err(|e| BenchError::Config(format!("--server-metrics: {e}")))?,
+                ),
+                None => None,
+            };
             let t0 = Instant::now();
             let stop = match slice_bytes {
                 Some(b) => Stop::Budget(Arc::new(AtomicU64::new(b))),
@@ -226,6 +238,14 @@ pub(super) async fn run(
                 accs[ci].tally.add(&tally);
             }
             accs[ci].elapsed += t0.elapsed();
+            if let (Some(u), Some(before)) = (&spec.server_metrics, &metrics0) {
+                let after = server_metrics::scrape(u)
+                    .await
+                    .map_err(|e| BenchError::Config(format!("--server-metrics: {e}")))?;
+                if let Some(acc) = accs[ci].server_counters.as_mut() {
+                    server_metrics::add_delta(acc, before, &after);
+                }
+            }
             accs[ci].cpu = match (accs[ci].cpu, cpu0, stats::process_cpu_seconds(None)) {
                 (Some(sum), Some(a), Some(b)) => Some(sum + (b - a)),
                 _ => None,
@@ -262,6 +282,11 @@ pub(super) async fn run(
             client_cpu_cores: a.cpu.filter(|_| secs > 0.0).map(|cpu| cpu / secs),
             server_cpu_cores: a.server_cpu.filter(|_| secs > 0.0).map(|cpu| cpu / secs),
             retransmits: retransmits(c).saturating_sub(a.retransmits_before),
+            server_turnaround_us: a
+                .server_counters
+                .as_ref()
+                .and_then(server_metrics::mean_turnaround_us),
+            server_counters: a.server_counters.clone(),
         });
     }
     if spec.server_pids.is_empty() {
@@ -278,5 +303,12 @@ pub(super) async fn run(
     result.notes.push(
         "client CPU: user + system time of this process (/proc/self/stat) over wall time".into(),
     );
+    if let Some(u) = &spec.server_metrics {
+        result.notes.push(format!(
+            "server turnaround: the mean, over the run's READs and WRITEs, of the time from a call's \
+             arrival to its reply posted, from {u} read before and after each slice (it counts \
+             every client's calls of those slices)"
+        ));
+    }
     Ok(())
 }

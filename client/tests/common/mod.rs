@@ -27,6 +27,8 @@ pub const EXPORTS: &str =
 /// works under any test runtime, and plain `#[test]`s can use it too).
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// Its metrics endpoint (nfsrdmad's `--metrics`).
+    pub metrics: SocketAddr,
     pub service: Arc<Service>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
@@ -39,6 +41,9 @@ impl TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
+        let metrics_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        metrics_listener.set_nonblocking(true).expect("nonblocking");
+        let metrics = metrics_listener.local_addr().expect("addr");
         let (tx, rx) = tokio::sync::watch::channel(false);
         let svc = service.clone();
         std::thread::spawn(move || {
@@ -49,11 +54,24 @@ impl TestServer {
                 .expect("runtime");
             rt.block_on(async move {
                 let l = TcpListener::from_std(listener).expect("listener");
-                TcpServer::new(svc, TcpConfig::default()).serve(l, rx).await;
+                let server = TcpServer::new(svc.clone(), TcpConfig::default());
+                let sources = nfsrdma_server::exporter::Sources {
+                    service: svc,
+                    tcp: Some(server.stats()),
+                    rdma: None,
+                };
+                let m = TcpListener::from_std(metrics_listener).expect("listener");
+                tokio::spawn(nfsrdma_server::exporter::http::serve(
+                    m,
+                    sources,
+                    rx.clone(),
+                ));
+                server.serve(l, rx).await;
             });
         });
         TestServer {
             addr,
+            metrics,
             service,
             shutdown: tx,
         }
