@@ -231,10 +231,15 @@ impl Daemon {
     }
 
     /// The last complete counter report in the stderr file: from its
-    /// `procedure` header to its `rdma:` line.
+    /// `procedure` header (a line that starts with the word) to its
+    /// `rdma:` line.
     fn last_report(&self) -> Option<String> {
         let text = std::fs::read_to_string(&self.err).unwrap();
-        let at = text.rfind("procedure ")?;
+        let at = text
+            .match_indices("procedure ")
+            .map(|(i, _)| i)
+            .filter(|&i| i == 0 || text.as_bytes()[i - 1] == b'\n')
+            .last()?;
         let block = &text[at..];
         let i = block.find("\nrdma:")?;
         let j = block[i + 1..].find('\n')?;
