@@ -56,6 +56,27 @@ fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     (status.success(), err)
 }
 
+/// nfsrdmad with `args`, running: the child and the TCP address it printed.
+fn serving(args: &[&str], stderr: Stdio) -> (std::process::Child, std::net::SocketAddr) {
+    use std::io::BufRead;
+    let mut child = nfsrdmad(args)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("start nfsrdmad");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (child, addr)
+}
+
 #[test]
 fn bad_rdma_settings_are_refused_by_name() {
     for (args, says) in [
@@ -102,22 +123,7 @@ fn bad_rdma_settings_are_refused_by_name() {
 #[test]
 fn max_io_is_offered_in_fsinfo() {
     use nfsrdma_xdr::nfs3::{FsRootArgs, Nfs3Args, Nfs3Res, NfsResult};
-    use std::io::BufRead;
-    let mut child = nfsrdmad(&["--no-rdma", "--max-io", "64K"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nfsrdmad");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read stdout");
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let (mut child, addr) = serving(&["--no-rdma", "--max-io", "64K"], Stdio::null());
     let mut c = common::RawClient::connect(addr);
     let root = c.mount("/export");
     let r = c.nfs(Nfs3Args::Fsinfo(FsRootArgs { fsroot: root }));
@@ -142,22 +148,8 @@ fn null_flag_makes_a_null_export_and_refuses_a_state_file() {
         Create3Args, CreateHow3, Data, DirOpArgs3, Nfs3Args, Nfs3Res, NfsResult, Read3Args, Sattr3,
         StableHow, Write3Args,
     };
-    use std::io::{BufRead, Read};
-    let mut child = nfsrdmad(&["--no-rdma", "--null"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start nfsrdmad");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read stdout");
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    use std::io::Read;
+    let (mut child, addr) = serving(&["--no-rdma", "--null"], Stdio::piped());
     let mut c = common::RawClient::connect(addr);
     let root = c.mount("/export");
     let f = match c.nfs(Nfs3Args::Create(Create3Args {
