@@ -341,6 +341,13 @@ impl Conn {
     }
 
     /// Waits for a free slot within the credit limit.
+    ///
+    /// Waiters queue on `notify` and are woken one at a time
+    /// (`notify_one`): whatever may free a slot wakes one, and a waiter that
+    /// takes a slot wakes the next, who takes another or waits again. Waking
+    /// them all on every reply made each completion cost a poll of every
+    /// waiting caller (docs/benchmarks.md has the figures at 256 calls in
+    /// flight on one connection).
     async fn acquire(&self) -> Option<usize> {
         loop {
             let notified = self.notify.notified();
@@ -352,6 +359,10 @@ impl Conn {
                     return None;
                 }
                 if let Some(s) = st.core.reserve_call() {
+                    drop(st);
+                    // Another slot may be free as well (several replies
+                    // handled at once, or a higher credit limit).
+                    self.notify.notify_one();
                     return Some(s as usize);
                 }
             }
@@ -375,7 +386,7 @@ impl Conn {
                 let mut st = lock(&self.st);
                 if st.calls[slot].is_none() {
                     st.core.unreserve_call(slot as u32);
-                    self.notify.notify_waiters();
+                    self.notify.notify_one();
                 }
                 Err(o)
             }

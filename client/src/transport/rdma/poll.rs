@@ -37,8 +37,9 @@ impl Conn {
             self.drive(&mut st);
             drop(st);
             // A completion may have freed a slot (a call's Send completing
-            // after its reply was handed over) or raised the credit limit.
-            self.notify.notify_waiters();
+            // after its reply was handed over) or raised the credit limit:
+            // one waiter tries, and passes the turn on if it gets one.
+            self.notify.notify_one();
         }
         n
     }

@@ -248,7 +248,7 @@ impl Conn {
             let _ = w.send(outcome);
         }
         st.core.finish_call(slot as u32);
-        self.notify.notify_waiters();
+        self.notify.notify_one();
         Ok(())
     }
 }
