@@ -709,6 +709,53 @@ async fn a_corrupted_read_is_caught_and_named() {
     bench::run(&plan).await.expect("clean run");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_export_fails_the_check_of_reads_unless_no_verify_is_given() {
+    // A null export discards WRITEs and answers READs with zeros: the
+    // bench's check of what it reads catches that, and --no-verify (meant
+    // for such a server) turns the check off in both modes.
+    let s = TestServer::start("/export *(rw,null,no_root_squash,insecure)\n");
+    let throughput = [
+        "--mode",
+        "throughput",
+        "-s",
+        "64k",
+        "--rw",
+        "randread",
+        "--runtime",
+        "200ms",
+        "--rounds",
+        "1",
+    ];
+    let latency = ["-s", "16k", "-r", "4k", "--rounds", "1"];
+    for args in [&throughput[..], &latency[..]] {
+        let plan = plan_for(&s, args);
+        assert!(plan.verify);
+        match bench::run(&plan).await {
+            Err(BenchError::Mismatch { found, .. }) => assert_eq!(found, 0),
+            other => panic!("{args:?}: expected a mismatch, got {other:?}"),
+        }
+        let mut unchecked = args.to_vec();
+        unchecked.push("--no-verify");
+        let plan = plan_for(&s, &unchecked);
+        assert!(!plan.verify);
+        let r = bench::run(&plan).await.expect("the unchecked run passes");
+        let doc = bench::report::json(&r);
+        validate(&doc);
+        assert_eq!(doc["config"]["verify"], false, "{args:?}");
+        let reads = match plan.mode {
+            bench::Mode::Throughput => r.throughput[0].read_ops,
+            bench::Mode::Latency => r
+                .latency
+                .iter()
+                .filter(|row| row.phase == bench::Phase::Read)
+                .map(|row| row.summary.samples)
+                .sum(),
+        };
+        assert!(reads > 0, "{args:?}: no reads were made");
+    }
+}
+
 // ---- over RDMA, in the Soft-RoCE VM -------------------------------------------
 
 fn rdma_server_args(s: &common::rdma::RdmaServer) -> Vec<String> {

@@ -94,7 +94,7 @@ def bench_doc(read_ops, write_ops, secs, client_cores, server_cores, turnaround=
 class Raw:
     """A raw folder: runs.tsv plus the reports it names."""
 
-    HEADER = "name\ttable\tclient\ttarget\trw\tbs\tiodepth\tnumjobs\tserver_cpu_s\twindow_s\n"
+    HEADER = "name\ttable\tclient\ttarget\trw\tbs\tiodepth\tnumjobs\tserver_cpu_s\twindow_s\tbusy_cpu_s\tsoftirq_cpu_s\n"
 
     def __init__(self, root):
         self.root = root
@@ -102,17 +102,17 @@ class Raw:
         os.makedirs(os.path.join(root, "bench"))
         self.lines = []
 
-    def fio(self, name, table, target, rw, bs, depth, jobs, doc, server_cpu="1.000", window="2.000", notices=True):
+    def fio(self, name, table, target, rw, bs, depth, jobs, doc, server_cpu="1.000", window="2.000", busy="3.000", softirq="0.500", notices=True):
         with open(os.path.join(self.root, "fio", name + ".json"), "w") as f:
             if notices:
                 f.write("fio: exec_prerun notice\n")
             json.dump(doc, f)
-        self.lines.append(f"{name}\t{table}\tkernel\t{target}\t{rw}\t{bs}\t{depth}\t{jobs}\t{server_cpu}\t{window}\n")
+        self.lines.append(f"{name}\t{table}\tkernel\t{target}\t{rw}\t{bs}\t{depth}\t{jobs}\t{server_cpu}\t{window}\t{busy}\t{softirq}\n")
 
     def bench(self, name, table, target, rw, bs, depth, jobs, doc):
         with open(os.path.join(self.root, "bench", name + ".json"), "w") as f:
             json.dump(doc, f)
-        self.lines.append(f"{name}\t{table}\tnfsrdma\t{target}\t{rw}\t{bs}\t{depth}\t{jobs}\t-\t-\n")
+        self.lines.append(f"{name}\t{table}\tnfsrdma\t{target}\t{rw}\t{bs}\t{depth}\t{jobs}\t-\t-\t-\t-\n")
 
     def prom(self, name, which, total_s, count):
         with open(os.path.join(self.root, "fio", f"{name}.{which}.prom"), "w") as f:
@@ -133,16 +133,17 @@ class Raw:
 def messenger_point(raw, depth, ours_iops, knfsd_iops, ours_tcp_iops, knfsd_tcp_iops):
     """One 4 KiB randread point for the four targets, kernel client.
     Server cores: ours 1.0 s / 2.0 s = 0.5; knfsd 0.5 s / 2.0 s = 0.25.
-    Client cores: RDMA 50% of a CPU, TCP (usr 20 + sys 60) 80%."""
-    for target, iops, cpu, usr, sys_ in (
-        ("ours-rdma", ours_iops, "1.000", 10.0, 40.0),
-        ("knfsd-rdma", knfsd_iops, "0.500", 10.0, 40.0),
-        ("ours-tcp", ours_tcp_iops, "1.000", 20.0, 60.0),
-        ("knfsd-tcp", knfsd_tcp_iops, "0.500", 20.0, 60.0),
+    Client cores: RDMA 50% of a CPU, TCP (usr 20 + sys 60) 80%. Machine
+    cores: RDMA 3.0 s / 2.0 s = 1.5 (0.25 softirq), TCP 3.2 s = 1.6."""
+    for target, iops, cpu, usr, sys_, busy, sirq in (
+        ("ours-rdma", ours_iops, "1.000", 10.0, 40.0, "3.000", "0.500"),
+        ("knfsd-rdma", knfsd_iops, "0.500", 10.0, 40.0, "3.000", "0.500"),
+        ("ours-tcp", ours_tcp_iops, "1.000", 20.0, 60.0, "3.200", "0.800"),
+        ("knfsd-tcp", knfsd_tcp_iops, "0.500", 20.0, 60.0, "3.200", "0.800"),
     ):
         raw.fio(
             f"m.{target}.4k.randread.d{depth}.j1", "messenger", target, "randread", "4k", depth, 1,
-            fio_doc(read=fio_side(iops, 200, 900, 250), usr=usr, sys_=sys_), server_cpu=cpu,
+            fio_doc(read=fio_side(iops, 200, 900, 250), usr=usr, sys_=sys_), server_cpu=cpu, busy=busy, softirq=sirq,
         )
 
 
@@ -178,9 +179,11 @@ class LoadRender(unittest.TestCase):
         self.assertEqual(d["IOPS/srv core"], "8000")
         self.assertEqual(d["IOPS/cli core"], "8000")
         self.assertEqual(d["p50 us"], "200")
+        self.assertEqual((d["machine cores"], d["softirq cores"], d["IOPS/machine core"]), ("1.50", "0.25", "2667"))
         tcp = self.row("Load: IOPS and cores per side (messenger-style)", target="ours-tcp", depth=32)
         self.assertEqual(tcp["cli cores"], "0.80")
         self.assertEqual(tcp["IOPS/cli core"], "2000")
+        self.assertEqual((tcp["machine cores"], tcp["softirq cores"], tcp["IOPS/machine core"]), ("1.60", "0.40", "1000"))
 
     def test_ratios_and_the_targets_say_met_or_not(self):
         # ours 4000/0.5 = 8000 per server core, knfsd 1000/0.25 = 4000: 2.00x.
@@ -192,6 +195,8 @@ class LoadRender(unittest.TestCase):
         d = self.row("Load: ratios at each point", depth=32)
         self.assertEqual(d["IOPS/srv core ours/knfsd (RDMA)"], "2.00x")
         self.assertEqual(d["IOPS/cli core RDMA/TCP (nfsrdmad)"], "4.00x")
+        # 4000/1.5 over 1600/1.6.
+        self.assertEqual(d["IOPS/machine core RDMA/TCP (nfsrdmad)"], "2.67x")
         d1 = self.row("Load: ratios at each point", depth=1)
         self.assertEqual(d1["IOPS/srv core ours/knfsd (RDMA)"], "0.45x")
         self.assertEqual(d1["IOPS/cli core RDMA/TCP (nfsrdmad)"], "0.90x")
@@ -216,6 +221,7 @@ class LoadRender(unittest.TestCase):
         self.r.done()
         d = self.row("Load: IOPS and cores per side (messenger-style)", client="nfsrdma", target="ours-rdma")
         self.assertEqual(d["IOPS"], "2000")
+        self.assertEqual(d["machine cores"], "n/a")
         self.assertEqual(d["IOPS/srv core"], "4000")
         self.assertEqual(d["IOPS/cli core"], "8000")
         self.assertEqual(d["p99 us"], "900")

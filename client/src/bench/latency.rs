@@ -248,8 +248,12 @@ pub(super) async fn run(
                                 let parts =
                                     read_record(c.client(), &c.file, &c.label, offset, rs).await?;
                                 let ns = t0.elapsed().as_nanos() as u64;
-                                if let Some((at, expected, found)) =
-                                    pattern::first_mismatch(&parts, offset, pass, &mut scratch)
+                                if let Some((at, expected, found)) = plan
+                                    .verify
+                                    .then(|| {
+                                        pattern::first_mismatch(&parts, offset, pass, &mut scratch)
+                                    })
+                                    .flatten()
                                 {
                                     pb.finish_and_clear();
                                     return Err(BenchError::Mismatch {

@@ -315,6 +315,10 @@ pub struct BenchArgs {
     /// Keep the bench files at the end.
     #[arg(long)]
     pub keep: bool,
+    /// Do not check what reads return (for a server that does not keep
+    /// data, such as an nfsrdmad null export; reads are checked otherwise).
+    #[arg(long)]
+    pub no_verify: bool,
     /// No progress bar (there is none anyway when stderr is not a
     /// terminal).
     #[arg(long)]
@@ -411,6 +415,8 @@ pub struct Plan {
     pub progress: bool,
     /// Keep the files.
     pub keep: bool,
+    /// Check what reads return against what was written.
+    pub verify: bool,
 }
 
 fn label(i: usize) -> String {
@@ -492,6 +498,7 @@ impl Plan {
             },
             progress: !args.no_progress,
             keep: args.keep,
+            verify: !args.no_verify,
         })
     }
 }

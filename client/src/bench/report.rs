@@ -354,7 +354,7 @@ pub fn json(r: &BenchResult) -> Value {
             "rounds": p.rounds,
             "queue_depth": if p.mode == Mode::Latency { 1 } else { t.jobs * t.iodepth },
             "write_stability": "file_sync",
-            "verify": true,
+            "verify": p.verify,
             "throughput": (p.mode == Mode::Throughput).then(|| json!({
                 "jobs": t.jobs,
                 "iodepth": t.iodepth,

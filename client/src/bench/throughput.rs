@@ -92,6 +92,7 @@ struct Worker {
     read_percent: u64,
     seed: u64,
     stop: Stop,
+    verify: bool,
 }
 
 impl Worker {
@@ -108,8 +109,10 @@ impl Worker {
                 let parts =
                     read_record(&self.client, &self.file, &self.label, offset, self.bs).await?;
                 stats::record(&mut t.reads, t0.elapsed().as_nanos() as u64);
-                if let Some((at, expected, found)) =
-                    pattern::first_mismatch(&parts, offset, PASS, &mut scratch)
+                if let Some((at, expected, found)) = self
+                    .verify
+                    .then(|| pattern::first_mismatch(&parts, offset, PASS, &mut scratch))
+                    .flatten()
                 {
                     return Err(BenchError::Mismatch {
                         offset: at,
@@ -225,6 +228,7 @@ pub(super) async fn run(
                             ^ ((job as u64) << 12)
                             ^ u64::from(d),
                         stop: stop.clone(),
+                        verify: plan.verify,
                     };
                     set.spawn(w.run());
                 }
