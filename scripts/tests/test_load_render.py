@@ -215,6 +215,17 @@ class LoadRender(unittest.TestCase):
         self.assertEqual(d["IOPS/srv core"], "n/a")
         self.assertEqual(self.row("Load: ratios at each point", depth=1)["IOPS/srv core ours/knfsd (RDMA)"], "n/a")
 
+    def test_a_report_from_before_the_machine_cores_still_renders(self):
+        messenger_point(self.r, 1, 900, 1000, 1600, 1600)
+        self.r.done()
+        doc = lr.collect(self.raw)
+        for run in doc["runs"]:
+            del run["machine_cores"], run["softirq_cores"]
+        rows = {t: dict(zip(h, rs[0])) for t, h, rs, _ in lr.tables(doc)}
+        self.assertEqual(rows["Load: IOPS and cores per side (messenger-style)"]["IOPS/machine core"], "n/a")
+        self.assertEqual(rows["Load: ratios at each point"]["IOPS/machine core RDMA/TCP (nfsrdmad)"], "n/a")
+        self.assertEqual(rows["Load: ratios at each point"]["IOPS/srv core ours/knfsd (RDMA)"], "0.45x")
+
     def test_nfsrdma_bench_runs_give_their_own_cores(self):
         self.r.bench("bm.ours-rdma.4k.randread.d8.j4", "messenger", "ours-rdma", "randread", "4k", 8, 4,
                      bench_doc(6000, 0, 3.0, 0.25, 0.5))
