@@ -31,6 +31,7 @@ mod macros;
 
 pub mod mount;
 pub mod nfs3;
+pub mod nfs4;
 mod payload;
 pub mod portmap;
 pub mod record;

@@ -275,3 +275,53 @@ fn portmap_vector() {
         },
     );
 }
+
+#[test]
+fn nfs4_compound_vectors() {
+    use nfsrdma_xdr::nfs4::attr::{n, AttrWriter};
+    use nfsrdma_xdr::nfs4::ops::{SequenceArgs, SequenceResOk};
+    use nfsrdma_xdr::nfs4::{ArgOp, Bitmap4, Compound4Args, Compound4Res, Ftype4, ResOp, Status};
+    let session = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
+    golden(
+        "nfs4_compound_args_sequence.hex",
+        Compound4Args {
+            tag: Default::default(),
+            minorversion: 1,
+            ops: vec![
+                ArgOp::Sequence(SequenceArgs {
+                    sessionid: session,
+                    sequenceid: 1,
+                    slotid: 0,
+                    highest_slotid: 0,
+                    cachethis: false,
+                }),
+                ArgOp::Putrootfh,
+                ArgOp::Getattr(Bitmap4::from_bits([n::TYPE, n::CHANGE, n::SIZE, n::MODE])),
+            ],
+        },
+    );
+    let mut w = AttrWriter::new();
+    w.put(n::TYPE, &Ftype4::Reg);
+    w.put(n::CHANGE, &5u64);
+    w.put(n::SIZE, &4096u64);
+    w.put(n::MODE, &0o644u32);
+    golden(
+        "nfs4_compound_res_getattr.hex",
+        Compound4Res {
+            status: Status::OK,
+            tag: Default::default(),
+            results: vec![
+                ResOp::Sequence(Ok(SequenceResOk {
+                    sessionid: session,
+                    sequenceid: 1,
+                    slotid: 0,
+                    highest_slotid: 63,
+                    target_highest_slotid: 63,
+                    status_flags: 0,
+                })),
+                ResOp::Putrootfh(Ok(())),
+                ResOp::Getattr(Ok(w.finish())),
+            ],
+        },
+    );
+}
