@@ -225,6 +225,22 @@ struct Attr {
     atime: NfsTime3,
     mtime: NfsTime3,
     ctime: NfsTime3,
+    /// The change attribute: moves at every change of ctime, by one at
+    /// least, and never below ctime in nanoseconds (so a restart from a
+    /// snapshot, which keeps ctime, keeps it increasing).
+    change: u64,
+}
+
+impl Attr {
+    fn set_ctime(&mut self, t: NfsTime3) {
+        self.ctime = t;
+        self.change = (self.change + 1).max(time_change(t));
+    }
+}
+
+/// A time as a change value: nanoseconds since the epoch.
+fn time_change(t: NfsTime3) -> u64 {
+    u64::from(t.seconds) * 1_000_000_000 + u64::from(t.nseconds)
 }
 
 #[derive(Debug, Default)]
@@ -374,6 +390,7 @@ impl Store {
                     atime: now,
                     mtime: now,
                     ctime: now,
+                    change: time_change(now),
                 },
                 content: Content::Dir(Dir::new(Ino(0))),
             })
@@ -601,6 +618,11 @@ impl Fs {
         })
     }
 
+    /// The change attribute of `ino` (NFSv4 `change`).
+    pub fn change(&self, ino: Ino) -> SResult<u64> {
+        Ok(self.inode(ino)?.attr.change)
+    }
+
     /// The attributes a client checks its cache with.
     pub fn wcc_attr(&self, ino: Ino) -> Option<WccAttr> {
         self.getattr(ino).ok().map(|a| WccAttr {
@@ -761,7 +783,7 @@ impl Fs {
             SetTime::ServerTime => a.mtime = t,
             SetTime::ClientTime(v) => a.mtime = v,
         }
-        a.ctime = t;
+        a.set_ctime(t);
         if let Content::File(f) = &mut i.content {
             f.create_verf = None;
         }
@@ -869,6 +891,7 @@ impl Fs {
                 atime: t,
                 mtime: t,
                 ctime: t,
+                change: time_change(t),
             },
             content,
         };
@@ -884,7 +907,7 @@ impl Fs {
             dattr.nlink += 1;
         }
         dattr.mtime = t;
-        dattr.ctime = t;
+        dattr.set_ctime(t);
         // Size and times asked for at creation (not for EXCLUSIVE, whose
         // attributes come with a later SETATTR).
         if matches!(node, NewNode::File) && !matches!(mode, CreateMode::Exclusive(_)) {
@@ -957,7 +980,7 @@ impl Fs {
         let t = now();
         let i = self.inode_mut(ino)?;
         i.attr.nlink = i.attr.nlink.saturating_sub(1);
-        i.attr.ctime = t;
+        i.attr.set_ctime(t);
         let dead = i.attr.nlink == 0 || (i.attr.kind == Ftype3::Dir && i.attr.nlink <= 1);
         if dead {
             self.free_inode(ino);
@@ -969,7 +992,7 @@ impl Fs {
         let t = now();
         let a = &mut self.inode_mut(dir)?.attr;
         a.mtime = t;
-        a.ctime = t;
+        a.set_ctime(t);
         Ok(())
     }
 
@@ -1108,7 +1131,7 @@ impl Fs {
         }
         self.touch_dir(from_dir)?;
         self.touch_dir(to_dir)?;
-        self.inode_mut(src)?.attr.ctime = now();
+        self.inode_mut(src)?.attr.set_ctime(now());
         Ok(())
     }
 
@@ -1134,7 +1157,7 @@ impl Fs {
         self.touch_dir(dir)?;
         let a = &mut self.inode_mut(file)?.attr;
         a.nlink += 1;
-        a.ctime = now();
+        a.set_ctime(now());
         Ok(())
     }
 
@@ -1267,7 +1290,7 @@ impl Fs {
             f.size = f.size.max(end);
         }
         i.attr.mtime = t;
-        i.attr.ctime = t;
+        i.attr.set_ctime(t);
         // A write by someone other than root clears set-id bits.
         if cred.uid != 0 {
             i.attr.mode &= !0o6000;
@@ -1463,7 +1486,7 @@ impl Fs {
         f.size = size;
         let t = now();
         i.attr.mtime = t;
-        i.attr.ctime = t;
+        i.attr.set_ctime(t);
         Ok(())
     }
 

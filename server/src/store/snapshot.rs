@@ -243,6 +243,7 @@ fn read_inode<T: Read>(
         specdata1: r.u32()?,
         specdata2: r.u32()?,
     };
+    let (atime, mtime, ctime) = (r.time()?, r.time()?, r.time()?);
     let attr = Attr {
         kind,
         mode,
@@ -250,9 +251,10 @@ fn read_inode<T: Read>(
         uid,
         gid,
         rdev,
-        atime: r.time()?,
-        mtime: r.time()?,
-        ctime: r.time()?,
+        atime,
+        mtime,
+        ctime,
+        change: super::time_change(ctime),
     };
     let ino = |v: u32| {
         if (v as usize) < nslots {
