@@ -441,7 +441,7 @@ async fn rpc_level_errors_are_typed() {
         matches!(e, ClientError::ProgUnavail { prog: 100_099 }),
         "{e}"
     );
-    let e = call::<_, ()>(&t, &cred, tgt(PROGRAM, 4, 0), &(), small)
+    let e = call::<_, ()>(&t, &cred, tgt(PROGRAM, 5, 0), &(), small)
         .await
         .unwrap_err();
     assert!(
@@ -449,7 +449,7 @@ async fn rpc_level_errors_are_typed() {
             e,
             ClientError::ProgMismatch {
                 low: 3,
-                high: 3,
+                high: 4,
                 ..
             }
         ),

@@ -214,3 +214,50 @@ fn null_flag_makes_a_null_export_and_refuses_a_state_file() {
     assert!(err.contains("is a null export, which keeps none"), "{err}");
     assert!(!state.exists());
 }
+
+/// `--versions` picks the NFS versions served and `--lease` the NFSv4
+/// lease; bad values are refused by name.
+#[test]
+fn versions_and_lease_flags() {
+    for (args, says) in [
+        (&["--versions", "4.0"][..], "NFSv4.0 is not served"),
+        (&["--versions", "3,5"][..], "unknown NFS version \"5\""),
+        (&["--lease", "5"][..], "--lease must be between 10 and 3600"),
+    ] {
+        let (ok, err) = run(args);
+        assert!(!ok, "{args:?} accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    use nfsrdma_xdr::rpc::AcceptStat;
+    // v3 only: a COMPOUND is a program mismatch naming 3..3.
+    let (mut child, addr) = serving(&["--no-rdma", "--versions", "3"], Stdio::null());
+    let mut c = common::RawClient::connect(addr);
+    let (h, _) = c.call(100003, 4, 0, &[]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        common::accept_stat(&h),
+        Some(AcceptStat::ProgMismatch { low: 3, high: 3 })
+    );
+    // 4.2 only: NFSv3 is refused, 4.1 COMPOUNDs are a minor version
+    // mismatch, 4.2 NULL answers.
+    let (mut child, addr) = serving(&["--no-rdma", "--versions", "4.2"], Stdio::null());
+    let mut c = common::RawClient::connect(addr);
+    let (h3, _) = c.call(100003, 3, 0, &[]);
+    let (h4, _) = c.call(100003, 4, 0, &[]);
+    // COMPOUND: empty tag, minor version 1, no operations.
+    let (h41, mut d) = c.call(100003, 4, 1, &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        common::accept_stat(&h3),
+        Some(AcceptStat::ProgMismatch { low: 4, high: 4 })
+    );
+    common::assert_success(&h4);
+    common::assert_success(&h41);
+    assert_eq!(
+        d.u32("status").unwrap(),
+        10021,
+        "NFS4ERR_MINOR_VERS_MISMATCH"
+    );
+}

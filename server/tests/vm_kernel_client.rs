@@ -4,108 +4,16 @@
 //! Ignored on the host (it needs root, rdma_rxe and the kernel NFS
 //! modules); `scripts/test-vm` runs it inside the VM.
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
+use common::kernel::{addr, reset_nfs_services, sh, Daemon};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const VM_ONLY: &str = "needs an RDMA device: run with scripts/test-vm";
-
-fn addr() -> String {
-    std::env::var("NFSRDMA_RDMA_ADDR").unwrap_or_else(|_| "10.99.0.1".into())
-}
-
-fn sh(cmd: &str) -> String {
-    let o = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
-    assert!(
-        o.status.success(),
-        "`{cmd}` failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into()
-}
-
-fn in_vm() {
-    assert_eq!(
-        std::env::var("NFSRDMA_VM").as_deref(),
-        Ok("1"),
-        "this test runs in the Soft-RoCE VM: scripts/test-vm"
-    );
-    sh("modprobe rpcrdma && modprobe nfs && modprobe nfsv3");
-    reset_nfs_services();
-}
-
-/// Stops whatever NFS service another test in this VM boot left running
-/// (a kernel nfsd holding ports 2049/20049, its mountd, rpcbind and their
-/// registrations), so that each test starts from a clean guest.
-fn reset_nfs_services() {
-    let _ = Command::new("sh")
-        .arg("-c")
-        .arg(
-            "grep -qs nfsd /proc/mounts && rpc.nfsd 0; exportfs -ua 2>/dev/null; \
-             pkill -x rpc.mountd; pkill -x rpcbind; rm -rf /run/rpcbind; sleep 1; true",
-        )
-        .status();
-}
-
-/// nfsrdmad started by a test; killed if the test panics before stopping it
-/// (a daemon left running would hold the guest's ports for the next test).
-struct Daemon {
-    child: Child,
-}
-
-impl Daemon {
-    /// nfsrdmad on the usual ports, with `extra` flags.
-    fn start(extra: &[&str]) -> Daemon {
-        let a = addr();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
-            .args([
-                "--export",
-                "/export",
-                "--tcp",
-                &format!("{a}:2049"),
-                "--rdma",
-                &format!("{a}:20049"),
-                "--no-rpcbind",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        for _ in 0..2 {
-            let mut line = String::new();
-            out.read_line(&mut line).unwrap();
-            assert!(line.starts_with("nfsrdmad: listening"), "{line}");
-        }
-        Daemon { child }
-    }
-
-    /// SIGTERM; returns the exit status and stderr (with the counters).
-    fn stop(mut self) -> (bool, String) {
-        sh(&format!("kill -TERM {}", self.child.id()));
-        let mut err = String::new();
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        let ok = self.child.wait().unwrap().success();
-        (ok, err)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn mount_rdma(mnt: &str) {
     std::fs::create_dir_all(mnt).unwrap();
@@ -258,7 +166,7 @@ fn counter(report: &str, name: &str) -> u64 {
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn kernel_client_over_rdma_against_nfsrdmad_and_kernel_nfsd() {
     let _ = VM_ONLY;
-    in_vm();
+    common::kernel::in_vm(&["nfsv3"]);
     let mb: usize = std::env::var("NFSRDMA_VM_TEST_MB")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -356,7 +264,7 @@ fn qd1_against(flags: &[&str], ops: usize) -> String {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn auto_polling_catches_queue_depth_one_calls_awake() {
-    in_vm();
+    common::kernel::in_vm(&["nfsv3"]);
     const OPS: usize = 1000;
     // Auto: the connection thread spins after each reply about as long as
     // the kernel client took to send its next call, so most calls find it
@@ -389,7 +297,7 @@ fn auto_polling_catches_queue_depth_one_calls_awake() {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn registers_with_rpcbind_and_the_kernel_client_finds_mount_through_it() {
-    in_vm();
+    common::kernel::in_vm(&["nfsv3"]);
     // A fresh rpcbind of our own (in_vm stopped any other; the guest's
     // root is a throwaway overlay).
     sh("rpcbind -w && sleep 0.5 && pgrep -x rpcbind");

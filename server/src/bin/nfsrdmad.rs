@@ -93,6 +93,15 @@ struct Args {
     /// Prometheus text format at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// NFS versions served, comma-separated, from 3, 4.1 and 4.2
+    /// [default: 3,4.1,4.2]. NFSv4.0 is never served: its COMPOUNDs are
+    /// answered NFS4ERR_MINOR_VERS_MISMATCH, so a client moves on.
+    #[arg(long, value_name = "LIST")]
+    versions: Option<String>,
+    /// Seconds of an NFSv4 client's lease: state of a client silent for
+    /// longer is dropped (10..=3600) [default: 90].
+    #[arg(long, value_name = "SECS")]
+    lease: Option<u64>,
 }
 
 /// The TOML configuration: the same settings as the flags.
@@ -117,6 +126,8 @@ struct Config {
     max_io: Option<String>,
     metrics: Option<SocketAddr>,
     state: Option<PathBuf>,
+    versions: Option<String>,
+    lease: Option<u64>,
 }
 
 fn parse_size(s: &str) -> Result<u64> {
@@ -139,6 +150,35 @@ fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("size {s:?} is not a number"))?;
     n.checked_mul(mult)
         .with_context(|| format!("size {s:?} is too large"))
+}
+
+/// The NFS versions served, as `--versions` spells them.
+fn version_list(s: &Service) -> String {
+    let c = s.config();
+    let mut v = Vec::new();
+    if c.v3 {
+        v.push("3");
+    }
+    if c.nfs4.v41 {
+        v.push("4.1");
+    }
+    if c.nfs4.v42 {
+        v.push("4.2");
+    }
+    v.join(",")
+}
+
+/// The (program, version) pairs registered with rpcbind.
+fn registrations(v3: bool, v4: bool) -> Vec<(u32, u32)> {
+    let mut r = Vec::new();
+    if v3 {
+        r.push((nfs3::PROGRAM, nfs3::VERSION));
+    }
+    if v4 {
+        r.push((nfs3::PROGRAM, nfsrdma_xdr::nfs4::VERSION));
+    }
+    r.push((mount::PROGRAM, mount::VERSION));
+    r
 }
 
 fn main() -> std::process::ExitCode {
@@ -225,6 +265,30 @@ fn start() -> Result<()> {
             bail!("--max-io must be a multiple of 4K between 4K and 1M (got {s})");
         }
         service_config.max_io = n as u32;
+    }
+    if let Some(v) = args.versions.as_ref().or(cfg.versions.as_ref()) {
+        let (mut v3, mut v41, mut v42) = (false, false, false);
+        for part in v.split(',').map(str::trim) {
+            match part {
+                "3" => v3 = true,
+                "4.1" => v41 = true,
+                "4.2" => v42 = true,
+                "4" | "4.0" => bail!("--versions: NFSv4.0 is not served (4.1 and 4.2 are)"),
+                other => bail!("--versions: unknown NFS version {other:?} (use 3, 4.1, 4.2)"),
+            }
+        }
+        if !(v3 || v41 || v42) {
+            bail!("--versions names no version");
+        }
+        service_config.v3 = v3;
+        service_config.nfs4.v41 = v41;
+        service_config.nfs4.v42 = v42;
+    }
+    if let Some(l) = args.lease.or(cfg.lease) {
+        if !(10..=3600).contains(&l) {
+            bail!("--lease must be between 10 and 3600 seconds (got {l})");
+        }
+        service_config.nfs4.lease = std::time::Duration::from_secs(l);
     }
     let addr = args
         .tcp
@@ -355,7 +419,7 @@ async fn run(
         .await
         .with_context(|| format!("binding TCP {addr}"))?;
     let local = listener.local_addr()?;
-    tracing::info!(addr = %local, "serving NFSv3 and MOUNT v3 over TCP");
+    tracing::info!(addr = %local, versions = %version_list(&service), "serving NFS and MOUNT v3 over TCP");
     // Tests and scripts read this line to learn the port.
     println!("nfsrdmad: listening on tcp {local}");
 
@@ -371,7 +435,7 @@ async fn run(
             memory_per_connection = per_conn,
             poll = %poll,
             signal_every,
-            "serving NFSv3 over RPC-over-RDMA"
+            "serving NFS over RPC-over-RDMA"
         );
         println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());
         rdma_listener = Some(l);
@@ -380,13 +444,11 @@ async fn run(
 
     let rpcbind_addr: SocketAddr = ([127, 0, 0, 1], nfsrdma_xdr::portmap::PORT).into();
     let mut registered = false;
+    let (v3_on, v4_on) = (service.config().v3, service.config().nfs4.enabled());
     if use_rpcbind {
         let port = local.port();
         let reg = tokio::task::spawn_blocking(move || -> Result<(), rpcbind::RpcbindError> {
-            for (p, v) in [
-                (nfs3::PROGRAM, nfs3::VERSION),
-                (mount::PROGRAM, mount::VERSION),
-            ] {
+            for (p, v) in registrations(v3_on, v4_on) {
                 let _ = rpcbind::unset(rpcbind_addr, p, v);
                 if !rpcbind::set(rpcbind_addr, p, v, port)? {
                     return Err(rpcbind::RpcbindError::BadReply(format!(
@@ -451,10 +513,7 @@ async fn run(
     }
     if registered {
         let _ = tokio::task::spawn_blocking(move || {
-            for (p, v) in [
-                (nfs3::PROGRAM, nfs3::VERSION),
-                (mount::PROGRAM, mount::VERSION),
-            ] {
+            for (p, v) in registrations(v3_on, v4_on) {
                 let _ = rpcbind::unset(rpcbind_addr, p, v);
             }
         })

@@ -9,6 +9,7 @@ pub mod drc;
 pub mod metrics;
 mod mount;
 mod nfs;
+pub mod nfs4;
 
 use crate::exports::{ExportEntry, ExportOptions};
 use crate::store::{Cred, Store, StoreConfig};
@@ -41,6 +42,10 @@ pub struct ServiceConfig {
     pub max_io: u32,
     /// Duplicate request cache entries.
     pub drc_entries: usize,
+    /// NFSv3 on.
+    pub v3: bool,
+    /// NFSv4.1 and 4.2.
+    pub nfs4: nfs4::Nfs4Config,
 }
 
 impl Default for ServiceConfig {
@@ -48,6 +53,8 @@ impl Default for ServiceConfig {
         ServiceConfig {
             max_io: 1 << 20,
             drc_entries: 4096,
+            v3: true,
+            nfs4: nfs4::Nfs4Config::default(),
         }
     }
 }
@@ -84,6 +91,8 @@ pub enum ReplyBody {
     Dump(mnt::MountList),
     /// EXPORT.
     Exports(mnt::Exports),
+    /// An NFSv4 COMPOUND result.
+    Nfs4(nfsrdma_xdr::nfs4::Compound4Res),
     /// A reply body already encoded (duplicate request cache hits).
     Raw(Bytes),
 }
@@ -129,6 +138,7 @@ impl Reply {
         match &self.body {
             ReplyBody::Void => {}
             ReplyBody::Nfs(r) => r.encode(s),
+            ReplyBody::Nfs4(r) => r.encode(s),
             ReplyBody::Mnt(r) => r.encode(s),
             ReplyBody::Dump(r) => r.encode(s),
             ReplyBody::Exports(r) => r.encode(s),
@@ -142,6 +152,7 @@ impl Reply {
             + match &self.body {
                 ReplyBody::Void => 0,
                 ReplyBody::Nfs(r) => r.encoded_len(),
+                ReplyBody::Nfs4(r) => r.encoded_len(),
                 ReplyBody::Mnt(r) => r.encoded_len(),
                 ReplyBody::Dump(r) => r.encoded_len(),
                 ReplyBody::Exports(r) => r.encoded_len(),
@@ -191,6 +202,7 @@ pub struct Service {
     drc: Drc,
     metrics: Metrics,
     mounts: Mutex<Vec<(String, String)>>,
+    nfs4: nfs4::Nfs4,
 }
 
 impl Service {
@@ -200,8 +212,11 @@ impl Service {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let seed = t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 40);
+        let paths: Vec<&str> = exports.iter().map(|e| e.path.as_str()).collect();
+        let nfs4 = nfs4::Nfs4::new(&paths, config.nfs4.clone());
         Service {
             exports,
+            nfs4,
             drc: Drc::new(config.drc_entries),
             config,
             write_verf: seed.to_be_bytes(),
@@ -353,11 +368,20 @@ impl Service {
             _ => return Some(auth_error(xid, AuthStat::TooWeak)),
         };
         let caller = Caller { ctx, cred };
+        let v4 = self.config.nfs4.enabled();
         match (call.prog, call.vers) {
-            (nfs3::PROGRAM, nfs3::VERSION) => self.nfs_call(&caller, xid, call.proc_, args),
+            (nfs3::PROGRAM, nfs3::VERSION) if self.config.v3 => {
+                self.nfs_call(&caller, xid, call.proc_, args)
+            }
+            (nfs3::PROGRAM, nfsrdma_xdr::nfs4::VERSION) if v4 => {
+                Some(self.nfs4_call(&caller, xid, call.proc_, args))
+            }
             (nfs3::PROGRAM, _) => Some(Reply::error(
                 xid,
-                AcceptStat::ProgMismatch { low: 3, high: 3 },
+                AcceptStat::ProgMismatch {
+                    low: if self.config.v3 { 3 } else { 4 },
+                    high: if v4 { 4 } else { 3 },
+                },
             )),
             (mnt::PROGRAM, mnt::VERSION) => Some(self.mount_call(&caller, xid, call.proc_, args)),
             (mnt::PROGRAM, _) => Some(Reply::error(
@@ -446,6 +470,16 @@ impl Service {
                 Reply::error(xid, AcceptStat::GarbageArgs)
             }
         }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ServiceConfig {
+        &self.config
+    }
+
+    /// The NFSv4 side: its state and settings.
+    pub fn nfs4(&self) -> &nfs4::Nfs4 {
+        &self.nfs4
     }
 
     /// FSINFO's largest transfer.

@@ -509,8 +509,8 @@ fn rpc_level_errors() {
         Ok(AcceptStat::ProgUnavail)
     );
     assert_eq!(
-        stat(accept(t.raw(2, PROGRAM, 4, 0, &[]).unwrap())),
-        Ok(AcceptStat::ProgMismatch { low: 3, high: 3 })
+        stat(accept(t.raw(2, PROGRAM, 5, 0, &[]).unwrap())),
+        Ok(AcceptStat::ProgMismatch { low: 3, high: 4 })
     );
     assert_eq!(
         stat(accept(t.raw(3, PROGRAM, 3, 22, &[]).unwrap())),

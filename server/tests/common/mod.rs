@@ -2,6 +2,8 @@
 //! on a loopback port and a raw RPC-over-TCP client.
 #![allow(dead_code)]
 
+pub mod kernel;
+
 use bytes::{Bytes, BytesMut};
 use nfsrdma_server::exports::Exports;
 use nfsrdma_server::service::{Service, ServiceConfig};

@@ -1,0 +1,294 @@
+//! NFSv4.1 and NFSv4.2 (RFC 8881, RFC 7862) over the same stores as
+//! NFSv3: the COMPOUND procedure and its rules (minor versions, the
+//! SEQUENCE position, the current and saved filehandles, one result per
+//! operation up to the first failure), with the session state in
+//! [`state`], the attributes in [`attrs`], the exports' common root in
+//! [`pseudo`] and the operations in `ops`.
+
+pub mod attrs;
+mod ops;
+pub mod pseudo;
+pub mod state;
+
+use super::{Caller, Reply, ReplyBody, Service};
+use crate::store::Ino;
+use nfsrdma_xdr::nfs4::ops::SequenceResOk;
+use nfsrdma_xdr::nfs4::{
+    opnum, seq_status, ArgOp, Compound4Args, Compound4Res, OpsCut, ResOp, SessionId4, Stateid4,
+    Status,
+};
+use nfsrdma_xdr::rpc::AcceptStat;
+use nfsrdma_xdr::{Decoder, Xdr};
+use pseudo::Pseudo;
+use state::{ChannelLimits, SlotCheck, State4};
+use std::time::{Duration, Instant};
+
+/// Which NFSv4 minor versions are served, and the lease.
+#[derive(Debug, Clone)]
+pub struct Nfs4Config {
+    /// Minor version 1.
+    pub v41: bool,
+    /// Minor version 2.
+    pub v42: bool,
+    /// The lease every client gets.
+    pub lease: Duration,
+}
+
+impl Default for Nfs4Config {
+    fn default() -> Self {
+        Nfs4Config {
+            v41: true,
+            v42: true,
+            lease: Duration::from_secs(90),
+        }
+    }
+}
+
+impl Nfs4Config {
+    /// Whether any minor version is on.
+    pub fn enabled(&self) -> bool {
+        self.v41 || self.v42
+    }
+}
+
+/// The NFSv4 side of the service.
+pub struct Nfs4 {
+    /// Clients, sessions, opens and locks.
+    pub state: State4,
+    pseudo: Pseudo,
+    config: Nfs4Config,
+    /// The server's owner and scope (EXCHANGE_ID).
+    owner: bytes::Bytes,
+}
+
+impl Nfs4 {
+    /// The v4 side over `exports` (their paths make the pseudo root).
+    pub fn new(paths: &[&str], config: Nfs4Config) -> Nfs4 {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        Nfs4 {
+            state: State4::new(config.lease),
+            pseudo: Pseudo::new(paths),
+            owner: bytes::Bytes::from(format!("nfsrdmad@{host}")),
+            config,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Nfs4Config {
+        &self.config
+    }
+}
+
+/// What a filehandle names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fh {
+    /// A directory of the pseudo root.
+    Pseudo(u32),
+    /// A file of export `.0`.
+    File(usize, Ino),
+}
+
+/// The state of one COMPOUND as its operations run.
+pub(crate) struct Cx<'a> {
+    pub caller: &'a Caller<'a>,
+    pub minor: u32,
+    pub cur: Option<Fh>,
+    pub saved: Option<Fh>,
+    pub cur_sid: Option<Stateid4>,
+    pub saved_sid: Option<Stateid4>,
+    /// The session's client (after SEQUENCE).
+    pub client: Option<u64>,
+}
+
+impl Cx<'_> {
+    pub fn cur(&self) -> Result<Fh, Status> {
+        self.cur.ok_or(Status::NOFILEHANDLE)
+    }
+
+    /// A stateid argument with the current stateid substituted.
+    pub fn sid(&self, s: &Stateid4) -> Result<Stateid4, Status> {
+        if *s == Stateid4::CURRENT {
+            self.cur_sid.ok_or(Status::BAD_STATEID)
+        } else {
+            Ok(*s)
+        }
+    }
+}
+
+/// Operations that may come without SEQUENCE first (RFC 8881 §2.6.3.1.1).
+fn sessionless(op: &ArgOp) -> bool {
+    matches!(
+        op,
+        ArgOp::ExchangeId(_)
+            | ArgOp::CreateSession(_)
+            | ArgOp::DestroySession(_)
+            | ArgOp::BindConnToSession(_)
+            | ArgOp::DestroyClientid(_)
+    )
+}
+
+impl Service {
+    /// The NFSv4 program: NULL and COMPOUND.
+    pub(super) fn nfs4_call(
+        &self,
+        caller: &Caller,
+        xid: u32,
+        proc_: u32,
+        mut args: Decoder,
+    ) -> Reply {
+        match proc_ {
+            nfsrdma_xdr::nfs4::PROC_NULL => match args.finish("NULL arguments") {
+                Ok(()) => Reply::success(xid, ReplyBody::Void),
+                Err(_) => Reply::error(xid, AcceptStat::GarbageArgs),
+            },
+            nfsrdma_xdr::nfs4::PROC_COMPOUND => {
+                let len = args.remaining();
+                match Compound4Args::decode_lenient(&mut args) {
+                    Ok((a, cut)) => {
+                        let res = self.compound(caller, a, cut, len);
+                        Reply::success(xid, ReplyBody::Nfs4(res))
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %caller.ctx.peer, error = %e, "COMPOUND GARBAGE_ARGS");
+                        self.metrics.garbage();
+                        Reply::error(xid, AcceptStat::GarbageArgs)
+                    }
+                }
+            }
+            _ => Reply::error(xid, AcceptStat::ProcUnavail),
+        }
+    }
+
+    fn compound(
+        &self,
+        caller: &Caller,
+        a: Compound4Args,
+        cut: Option<OpsCut>,
+        request_len: usize,
+    ) -> Compound4Res {
+        let v4 = &self.nfs4;
+        let mut res = Compound4Res {
+            status: Status::OK,
+            tag: a.tag.clone(),
+            results: Vec::new(),
+        };
+        let minor_ok = match a.minorversion {
+            1 => v4.config.v41,
+            2 => v4.config.v42,
+            _ => false,
+        };
+        if !minor_ok {
+            res.status = Status::MINOR_VERS_MISMATCH;
+            return res;
+        }
+        if let Some(OpsCut::TooMany(_)) = cut {
+            res.status = Status::TOO_MANY_OPS;
+            return res;
+        }
+        v4.state.sweep(Instant::now());
+        let mut cx = Cx {
+            caller,
+            minor: a.minorversion,
+            cur: None,
+            saved: None,
+            cur_sid: None,
+            saved_sid: None,
+            client: None,
+        };
+        let mut slot: Option<(SessionId4, u32, bool)> = None;
+        let n = a.ops.len() + usize::from(matches!(cut, Some(OpsCut::Garbage { .. })));
+        for (i, op) in a.ops.iter().enumerate() {
+            let r = if i == 0 {
+                match op {
+                    ArgOp::Sequence(s) => {
+                        match v4.state.sequence(
+                            &s.sessionid,
+                            s.slotid,
+                            s.sequenceid,
+                            n,
+                            request_len,
+                        ) {
+                            Ok(SlotCheck::Replay(cached)) => return cached,
+                            Ok(SlotCheck::New { slots }) => {
+                                cx.client = v4.state.session_client(&s.sessionid);
+                                slot = Some((s.sessionid, s.slotid, s.cachethis));
+                                ResOp::Sequence(Ok(SequenceResOk {
+                                    sessionid: s.sessionid,
+                                    sequenceid: s.sequenceid,
+                                    slotid: s.slotid,
+                                    highest_slotid: slots - 1,
+                                    target_highest_slotid: slots - 1,
+                                    // No backchannel: the client is told so.
+                                    status_flags: seq_status::CB_PATH_DOWN,
+                                }))
+                            }
+                            Err(e) => ResOp::Sequence(Err(e)),
+                        }
+                    }
+                    op if sessionless(op) && n > 1 => ResOp::error(op.num(), Status::NOT_ONLY_OP),
+                    op if sessionless(op) => self.nfs4_op(&mut cx, op),
+                    ArgOp::Illegal(_) => ResOp::error(opnum::ILLEGAL, Status::OP_ILLEGAL),
+                    op => ResOp::error(op.num(), Status::OP_NOT_IN_SESSION),
+                }
+            } else {
+                match op {
+                    ArgOp::Sequence(_) => ResOp::error(opnum::SEQUENCE, Status::SEQUENCE_POS),
+                    ArgOp::BindConnToSession(_) => {
+                        ResOp::error(opnum::BIND_CONN_TO_SESSION, Status::NOT_ONLY_OP)
+                    }
+                    op => self.nfs4_op(&mut cx, op),
+                }
+            };
+            let st = r.status();
+            res.results.push(r);
+            if !st.is_ok() {
+                res.status = st;
+                break;
+            }
+        }
+        if res.status.is_ok() {
+            if let Some(OpsCut::Garbage { op, error, .. }) = &cut {
+                tracing::debug!(peer = %caller.ctx.peer, op, error = %error, "NFSv4 operation arguments do not decode");
+                res.results.push(ResOp::error(*op, Status::BADXDR));
+                res.status = Status::BADXDR;
+            }
+        }
+        if let Some((sid, slotid, cachethis)) = slot {
+            let len = res.encoded_len();
+            if len > v4.state.max_response(&sid) as usize {
+                replace_last(&mut res, Status::REP_TOO_BIG);
+            }
+            let cache = if cachethis {
+                if res.encoded_len() > v4.state.max_cached(&sid) as usize {
+                    replace_last(&mut res, Status::REP_TOO_BIG_TO_CACHE);
+                }
+                Some(res.clone())
+            } else {
+                None
+            };
+            v4.state.slot_done(&sid, slotid, cache);
+        }
+        res
+    }
+
+    /// The fore channel limits this server grants.
+    pub(crate) fn channel_limits(&self) -> ChannelLimits {
+        ChannelLimits {
+            max_request: self.config.max_io + 16 * 1024,
+            max_response: self.config.max_io + 16 * 1024,
+            max_cached: 16 * 1024,
+            max_ops: 64,
+            max_slots: 64,
+        }
+    }
+}
+
+/// Ends a reply with `st` in place of its last operation's result.
+fn replace_last(res: &mut Compound4Res, st: Status) {
+    if let Some(last) = res.results.pop() {
+        res.results.push(ResOp::error(last.num(), st));
+    }
+    res.status = st;
+}

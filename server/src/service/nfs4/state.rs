@@ -1,0 +1,971 @@
+//! NFSv4.1 state (RFC 8881): client records (EXCHANGE_ID), sessions with
+//! their slot tables and reply caches (CREATE_SESSION, SEQUENCE), leases,
+//! opens with their share reservations, and byte-range locks.
+//!
+//! Everything here is behind one mutex held for a few map operations at a
+//! time, never across a store operation.
+
+use crate::store::Ino;
+use bytes::Bytes;
+use nfsrdma_xdr::nfs4::ops::{ChannelAttrs4, LockDenied};
+use nfsrdma_xdr::nfs4::{
+    share, Compound4Res, LockType4, Opaque4, SessionId4, StateOwner4, Stateid4, Status,
+};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A file as the state tables name it: its export and inode.
+pub type FileKey = (usize, Ino);
+
+/// Limits of the fore channel this server grants.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelLimits {
+    /// Largest request.
+    pub max_request: u32,
+    /// Largest reply.
+    pub max_response: u32,
+    /// Largest reply kept in a slot.
+    pub max_cached: u32,
+    /// Most operations per COMPOUND.
+    pub max_ops: u32,
+    /// Most slots.
+    pub max_slots: u32,
+}
+
+/// What a slot holds after its last request.
+#[derive(Debug, Clone)]
+enum SlotReply {
+    /// Nothing yet (seqid 0).
+    Empty,
+    /// A request is running.
+    InProgress,
+    /// The whole reply, to replay.
+    Cached(Compound4Res),
+    /// Only the fact that it ran (`sa_cachethis` was false).
+    Uncached,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    seqid: u32,
+    reply: SlotReply,
+}
+
+struct Session {
+    client: u64,
+    slots: Vec<Slot>,
+    fore: ChannelAttrs4,
+}
+
+struct Client {
+    owner: Bytes,
+    verifier: [u8; 8],
+    uid: Option<u32>,
+    confirmed: bool,
+    /// The last CREATE_SESSION sequence and its reply.
+    cs_seq: u32,
+    cs_reply: Option<nfsrdma_xdr::nfs4::ops::CreateSessionResOk>,
+    renewed: Instant,
+    reclaim_complete: bool,
+}
+
+/// The kind of a stateid.
+#[derive(Debug, Clone)]
+enum Kind {
+    Open { access: u32, deny: u32 },
+    Lock { open: [u8; 12] },
+}
+
+#[derive(Debug, Clone)]
+struct StateEntry {
+    client: u64,
+    owner: Bytes,
+    file: FileKey,
+    seqid: u32,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+struct Range {
+    state: [u8; 12],
+    client: u64,
+    owner: Bytes,
+    write: bool,
+    start: u64,
+    /// Exclusive; `u64::MAX` for "to the end".
+    end: u64,
+}
+
+#[derive(Default)]
+struct Tables {
+    clients: HashMap<u64, Client>,
+    sessions: HashMap<SessionId4, Session>,
+    states: HashMap<[u8; 12], StateEntry>,
+    /// Open and lock stateids by file.
+    by_file: HashMap<FileKey, Vec<[u8; 12]>>,
+    locks: HashMap<FileKey, Vec<Range>>,
+    next: u64,
+    last_sweep: Option<Instant>,
+}
+
+/// The server's NFSv4.1 state.
+pub struct State4 {
+    t: Mutex<Tables>,
+    /// The lease every client gets.
+    pub lease: Duration,
+    /// Differs at every start: the high half of client ids and the first
+    /// word of every stateid's `other`.
+    boot: u32,
+}
+
+/// How SEQUENCE's slot check came out.
+pub enum SlotCheck {
+    /// A new request: run it.
+    New {
+        /// Slots of the session, for the reply.
+        slots: u32,
+    },
+    /// A retry of a request whose reply is cached: send it again.
+    Replay(Compound4Res),
+}
+
+/// An open as OPEN asks for it.
+pub struct OpenRequest<'a> {
+    /// The client.
+    pub client: u64,
+    /// The open owner.
+    pub owner: &'a [u8],
+    /// The file.
+    pub file: FileKey,
+    /// OPEN4_SHARE_ACCESS_* bits.
+    pub access: u32,
+    /// OPEN4_SHARE_DENY_* bits.
+    pub deny: u32,
+}
+
+/// A lock range asked for, to check for conflicts.
+#[derive(Clone, Copy)]
+struct Want<'a> {
+    client: u64,
+    owner: &'a [u8],
+    write: bool,
+    start: u64,
+    end: u64,
+}
+
+fn end_of(offset: u64, length: u64) -> Result<u64, Status> {
+    if length == 0 {
+        return Err(Status::INVAL);
+    }
+    if length == u64::MAX {
+        return Ok(u64::MAX);
+    }
+    offset.checked_add(length).ok_or(Status::INVAL)
+}
+
+impl State4 {
+    /// Empty state with leases of `lease`.
+    pub fn new(lease: Duration) -> State4 {
+        let boot = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs() as u32 ^ d.subsec_nanos());
+        State4 {
+            t: Mutex::new(Tables::default()),
+            lease,
+            boot,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.t.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn new_other(&self, t: &mut Tables) -> [u8; 12] {
+        t.next += 1;
+        let mut o = [0u8; 12];
+        o[..4].copy_from_slice(&self.boot.to_be_bytes());
+        o[4..].copy_from_slice(&t.next.to_be_bytes());
+        o
+    }
+
+    /// The server's instance, for EXCHANGE_ID's server owner.
+    pub fn boot(&self) -> u32 {
+        self.boot
+    }
+
+    /// Drops every client whose lease ran out, with its sessions, opens
+    /// and locks (at most once a second; called at every COMPOUND).
+    pub fn sweep(&self, now: Instant) {
+        let mut t = self.lock();
+        if t.last_sweep
+            .is_some_and(|l| now.duration_since(l) < Duration::from_secs(1))
+        {
+            return;
+        }
+        t.last_sweep = Some(now);
+        let expired: Vec<u64> = t
+            .clients
+            .iter()
+            .filter(|(_, c)| now.duration_since(c.renewed) > self.lease)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            tracing::info!(
+                clientid = format_args!("{id:#x}"),
+                "NFSv4 lease expired: the client's state is dropped"
+            );
+            purge_client(&mut t, id);
+        }
+    }
+
+    // ---- EXCHANGE_ID and client records --------------------------------------
+
+    /// EXCHANGE_ID (RFC 8881 §18.35.4, for SP4_NONE and SP4_MACH_CRED
+    /// without enforcement): the client id and whether it is confirmed.
+    pub fn exchange_id(
+        &self,
+        owner: &Opaque4,
+        verifier: [u8; 8],
+        uid: Option<u32>,
+        update: bool,
+    ) -> Result<(u64, u32, bool), Status> {
+        let mut t = self.lock();
+        let now = Instant::now();
+        let existing: Vec<(u64, bool, [u8; 8], Option<u32>)> = t
+            .clients
+            .iter()
+            .filter(|(_, c)| c.owner == owner.0)
+            .map(|(id, c)| (*id, c.confirmed, c.verifier, c.uid))
+            .collect();
+        let confirmed = existing.iter().find(|e| e.1);
+        if update {
+            return match confirmed {
+                None => Err(Status::NOENT),
+                Some(&(_, _, v, _)) if v != verifier => Err(Status::NOT_SAME),
+                Some(&(_, _, _, u)) if u != uid => Err(Status::PERM),
+                Some(&(id, ..)) => {
+                    let c = t.clients.get_mut(&id).expect("listed above");
+                    c.renewed = now;
+                    Ok((id, c.cs_seq.wrapping_add(1), true))
+                }
+            };
+        }
+        if let Some(&(id, _, v, u)) = confirmed {
+            if u != uid && self.has_state(&t, id) {
+                return Err(Status::CLID_INUSE);
+            }
+            if v == verifier && u == uid {
+                let c = t.clients.get_mut(&id).expect("listed above");
+                c.renewed = now;
+                return Ok((id, c.cs_seq.wrapping_add(1), true));
+            }
+        }
+        // A new client, a restarted one (new verifier: its old record goes
+        // when the new one is confirmed) or a new principal: an
+        // unconfirmed record replacing any earlier unconfirmed one.
+        for (id, c, ..) in &existing {
+            if !c {
+                t.clients.remove(id);
+            }
+        }
+        t.next += 1;
+        let id = (u64::from(self.boot) << 32) | (t.next & 0xffff_ffff);
+        t.clients.insert(
+            id,
+            Client {
+                owner: owner.0.clone(),
+                verifier,
+                uid,
+                confirmed: false,
+                cs_seq: 0,
+                cs_reply: None,
+                renewed: now,
+                reclaim_complete: false,
+            },
+        );
+        Ok((id, 1, false))
+    }
+
+    fn has_state(&self, t: &Tables, client: u64) -> bool {
+        t.sessions.values().any(|s| s.client == client)
+            || t.states.values().any(|s| s.client == client)
+    }
+
+    /// CREATE_SESSION (RFC 8881 §18.36.4): a new session, or the reply
+    /// to a retry of the last one.
+    pub fn create_session(
+        &self,
+        args: &nfsrdma_xdr::nfs4::ops::CreateSessionArgs,
+        limits: ChannelLimits,
+    ) -> Result<nfsrdma_xdr::nfs4::ops::CreateSessionResOk, Status> {
+        use nfsrdma_xdr::nfs4::ops::CreateSessionResOk;
+        let mut t = self.lock();
+        let Some(c) = t.clients.get(&args.clientid) else {
+            return Err(Status::STALE_CLIENTID);
+        };
+        if args.sequence == c.cs_seq {
+            return c.cs_reply.clone().ok_or(Status::SEQ_MISORDERED);
+        }
+        if args.sequence != c.cs_seq.wrapping_add(1) {
+            return Err(Status::SEQ_MISORDERED);
+        }
+        let f = &args.fore_chan_attrs;
+        if f.maxrequestsize < 64
+            || f.maxresponsesize < 64
+            || f.maxoperations == 0
+            || f.maxrequests == 0
+        {
+            return Err(Status::TOOSMALL);
+        }
+        let fore = ChannelAttrs4 {
+            headerpadsize: 0,
+            maxrequestsize: f.maxrequestsize.min(limits.max_request),
+            maxresponsesize: f.maxresponsesize.min(limits.max_response),
+            maxresponsesize_cached: f.maxresponsesize_cached.min(limits.max_cached),
+            maxoperations: f.maxoperations.min(limits.max_ops),
+            maxrequests: f.maxrequests.min(limits.max_slots),
+            rdma_ird: Default::default(),
+        };
+        let owner = c.owner.clone();
+        let was_confirmed = c.confirmed;
+        // Confirming a restarted client's record ends its old one.
+        if !was_confirmed {
+            let old: Vec<u64> = t
+                .clients
+                .iter()
+                .filter(|(id, o)| **id != args.clientid && o.confirmed && o.owner == owner)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in old {
+                purge_client(&mut t, id);
+            }
+        }
+        t.next += 1;
+        let mut sid = [0u8; 16];
+        sid[..8].copy_from_slice(&args.clientid.to_be_bytes());
+        sid[8..].copy_from_slice(&t.next.to_be_bytes());
+        let res = CreateSessionResOk {
+            sessionid: sid,
+            sequence: args.sequence,
+            // No persistent reply cache, no backchannel, no RDMA mode
+            // switch of the connection.
+            flags: 0,
+            fore_chan_attrs: fore.clone(),
+            back_chan_attrs: args.back_chan_attrs.clone(),
+        };
+        t.sessions.insert(
+            sid,
+            Session {
+                client: args.clientid,
+                slots: vec![
+                    Slot {
+                        seqid: 0,
+                        reply: SlotReply::Empty
+                    };
+                    fore.maxrequests as usize
+                ],
+                fore,
+            },
+        );
+        let c = t.clients.get_mut(&args.clientid).expect("checked above");
+        c.confirmed = true;
+        c.cs_seq = args.sequence;
+        c.cs_reply = Some(res.clone());
+        c.renewed = Instant::now();
+        Ok(res)
+    }
+
+    /// DESTROY_SESSION.
+    pub fn destroy_session(&self, sid: &SessionId4) -> Result<(), Status> {
+        let mut t = self.lock();
+        t.sessions.remove(sid).map(|_| ()).ok_or(Status::BADSESSION)
+    }
+
+    /// DESTROY_CLIENTID: only a client with no sessions and no state.
+    pub fn destroy_clientid(&self, id: u64) -> Result<(), Status> {
+        let mut t = self.lock();
+        if !t.clients.contains_key(&id) {
+            return Err(Status::STALE_CLIENTID);
+        }
+        if self.has_state(&t, id) {
+            return Err(Status::CLIENTID_BUSY);
+        }
+        t.clients.remove(&id);
+        Ok(())
+    }
+
+    /// The session's client, if the session exists.
+    pub fn session_client(&self, sid: &SessionId4) -> Option<u64> {
+        self.lock().sessions.get(sid).map(|s| s.client)
+    }
+
+    /// RECLAIM_COMPLETE (whole-client form).
+    pub fn reclaim_complete(&self, client: u64) -> Result<(), Status> {
+        let mut t = self.lock();
+        let c = t.clients.get_mut(&client).ok_or(Status::STALE_CLIENTID)?;
+        if c.reclaim_complete {
+            return Err(Status::COMPLETE_ALREADY);
+        }
+        c.reclaim_complete = true;
+        Ok(())
+    }
+
+    // ---- SEQUENCE and the slot table -----------------------------------------
+
+    /// SEQUENCE's checks (RFC 8881 §2.10.6.1): the session, the slot, the
+    /// sequence id; renews the lease.
+    pub fn sequence(
+        &self,
+        sid: &SessionId4,
+        slot: u32,
+        seqid: u32,
+        ops: usize,
+        request_len: usize,
+    ) -> Result<SlotCheck, Status> {
+        let mut t = self.lock();
+        let Some(s) = t.sessions.get_mut(sid) else {
+            return Err(Status::BADSESSION);
+        };
+        let nslots = s.slots.len() as u32;
+        if ops > s.fore.maxoperations as usize {
+            return Err(Status::TOO_MANY_OPS);
+        }
+        if request_len > s.fore.maxrequestsize as usize {
+            return Err(Status::REQ_TOO_BIG);
+        }
+        let client = s.client;
+        let Some(sl) = s.slots.get_mut(slot as usize) else {
+            return Err(Status::BADSLOT);
+        };
+        let out = if seqid == sl.seqid.wrapping_add(1) {
+            sl.seqid = seqid;
+            sl.reply = SlotReply::InProgress;
+            SlotCheck::New { slots: nslots }
+        } else if seqid == sl.seqid {
+            match &sl.reply {
+                SlotReply::InProgress => return Err(Status::DELAY),
+                SlotReply::Cached(r) => SlotCheck::Replay(r.clone()),
+                SlotReply::Uncached => return Err(Status::RETRY_UNCACHED_REP),
+                SlotReply::Empty => return Err(Status::SEQ_MISORDERED),
+            }
+        } else {
+            return Err(Status::SEQ_MISORDERED);
+        };
+        if let Some(c) = t.clients.get_mut(&client) {
+            c.renewed = Instant::now();
+        }
+        Ok(out)
+    }
+
+    /// Records a slot's reply when its request is done: the whole reply
+    /// when the client asked for it and it fits the session's cache limit
+    /// (the caller checked), the fact alone otherwise.
+    pub fn slot_done(&self, sid: &SessionId4, slot: u32, reply: Option<Compound4Res>) {
+        let mut t = self.lock();
+        if let Some(sl) = t
+            .sessions
+            .get_mut(sid)
+            .and_then(|s| s.slots.get_mut(slot as usize))
+        {
+            sl.reply = match reply {
+                Some(r) => SlotReply::Cached(r),
+                None => SlotReply::Uncached,
+            };
+        }
+    }
+
+    /// The session's largest cached reply.
+    pub fn max_cached(&self, sid: &SessionId4) -> u32 {
+        self.lock()
+            .sessions
+            .get(sid)
+            .map_or(0, |s| s.fore.maxresponsesize_cached)
+    }
+
+    /// The session's largest reply.
+    pub fn max_response(&self, sid: &SessionId4) -> u32 {
+        self.lock()
+            .sessions
+            .get(sid)
+            .map_or(0, |s| s.fore.maxresponsesize)
+    }
+
+    // ---- opens ---------------------------------------------------------------
+
+    /// OPEN: checks the share reservations of other owners, then creates
+    /// or upgrades the owner's open of the file.
+    pub fn open(&self, r: &OpenRequest) -> Result<Stateid4, Status> {
+        let mut t = self.lock();
+        let mut mine = None;
+        for other in t.by_file.get(&r.file).into_iter().flatten() {
+            let e = &t.states[other];
+            let Kind::Open { access, deny } = e.kind else {
+                continue;
+            };
+            if e.client == r.client && e.owner.as_ref() == r.owner {
+                mine = Some(*other);
+                continue;
+            }
+            if access & r.deny != 0 || deny & r.access != 0 {
+                return Err(Status::SHARE_DENIED);
+            }
+        }
+        let other = match mine {
+            Some(o) => {
+                let e = t.states.get_mut(&o).expect("listed by file");
+                if let Kind::Open { access, deny } = &mut e.kind {
+                    *access |= r.access;
+                    *deny |= r.deny;
+                }
+                e.seqid = e.seqid.wrapping_add(1).max(1);
+                o
+            }
+            None => {
+                let o = self.new_other(&mut t);
+                t.states.insert(
+                    o,
+                    StateEntry {
+                        client: r.client,
+                        owner: Bytes::copy_from_slice(r.owner),
+                        file: r.file,
+                        seqid: 1,
+                        kind: Kind::Open {
+                            access: r.access,
+                            deny: r.deny,
+                        },
+                    },
+                );
+                t.by_file.entry(r.file).or_default().push(o);
+                o
+            }
+        };
+        Ok(Stateid4 {
+            seqid: t.states[&other].seqid,
+            other,
+        })
+    }
+
+    /// Finds a stateid of `client` for `file` (RFC 8881 §8.2.4 checks:
+    /// BAD_STATEID for one this server never gave or one of another file,
+    /// OLD_STATEID for an older seqid; seqid 0 means "the current one").
+    fn check<'t>(
+        &self,
+        t: &'t Tables,
+        client: Option<u64>,
+        sid: &Stateid4,
+        file: Option<FileKey>,
+    ) -> Result<&'t StateEntry, Status> {
+        if sid.other[..4] != self.boot.to_be_bytes() {
+            return Err(if sid.other[..4] == [0; 4] {
+                Status::BAD_STATEID
+            } else {
+                Status::STALE_STATEID
+            });
+        }
+        let e = t.states.get(&sid.other).ok_or(Status::BAD_STATEID)?;
+        if client.is_some_and(|c| c != e.client) || file.is_some_and(|f| f != e.file) {
+            return Err(Status::BAD_STATEID);
+        }
+        if sid.seqid != 0 && sid.seqid != e.seqid {
+            return Err(if sid.seqid < e.seqid {
+                Status::OLD_STATEID
+            } else {
+                Status::BAD_STATEID
+            });
+        }
+        Ok(e)
+    }
+
+    /// CLOSE: the open goes, with its owner's locks on the file
+    /// (NFS4ERR_LOCKS_HELD if any are left).
+    pub fn close(&self, client: u64, sid: &Stateid4, file: FileKey) -> Result<Stateid4, Status> {
+        let mut t = self.lock();
+        let e = self.check(&t, Some(client), sid, Some(file))?;
+        if !matches!(e.kind, Kind::Open { .. }) {
+            return Err(Status::BAD_STATEID);
+        }
+        let held = t.locks.get(&file).is_some_and(|rs| {
+            rs.iter().any(|r| {
+                t.states
+                    .get(&r.state)
+                    .is_some_and(|l| matches!(l.kind, Kind::Lock { open } if open == sid.other))
+            })
+        });
+        if held {
+            return Err(Status::LOCKS_HELD);
+        }
+        // The open's lock stateids (with no locks left) go with it.
+        let lock_states: Vec<[u8; 12]> = t
+            .states
+            .iter()
+            .filter(|(_, s)| matches!(s.kind, Kind::Lock { open } if open == sid.other))
+            .map(|(o, _)| *o)
+            .collect();
+        for o in lock_states.iter().chain([&sid.other]) {
+            remove_state(&mut t, o);
+        }
+        // The stateid CLOSE returns is meaningless (RFC 8881 §18.2.4): the
+        // invalid special one, as the Linux nfsd sends.
+        Ok(Stateid4::INVALID)
+    }
+
+    /// OPEN_DOWNGRADE: the access and deny must be subsets of the open's.
+    pub fn downgrade(
+        &self,
+        client: u64,
+        sid: &Stateid4,
+        file: FileKey,
+        access: u32,
+        deny: u32,
+    ) -> Result<Stateid4, Status> {
+        let mut t = self.lock();
+        self.check(&t, Some(client), sid, Some(file))?;
+        let e = t.states.get_mut(&sid.other).expect("checked");
+        let Kind::Open { access: a, deny: d } = &mut e.kind else {
+            return Err(Status::BAD_STATEID);
+        };
+        if access & !*a != 0 || deny & !*d != 0 || access & share::ACCESS_BOTH == 0 {
+            return Err(Status::INVAL);
+        }
+        *a = access;
+        *d = deny;
+        e.seqid = e.seqid.wrapping_add(1).max(1);
+        Ok(Stateid4 {
+            seqid: e.seqid,
+            other: sid.other,
+        })
+    }
+
+    /// Whether I/O of `write` kind with `sid` on `file` is allowed: a
+    /// special stateid (anonymous I/O, checked against others' deny
+    /// reservations), or an open or lock stateid of the file whose open
+    /// has the access.
+    pub fn check_io(
+        &self,
+        client: Option<u64>,
+        sid: &Stateid4,
+        file: FileKey,
+        write: bool,
+    ) -> Result<(), Status> {
+        let t = self.lock();
+        let want = if write {
+            share::ACCESS_WRITE
+        } else {
+            share::ACCESS_READ
+        };
+        if sid.is_special() {
+            if *sid != Stateid4::ANONYMOUS && *sid != Stateid4::BYPASS {
+                return Err(Status::BAD_STATEID);
+            }
+            let denied =
+                t.by_file.get(&file).into_iter().flatten().any(
+                    |o| matches!(t.states[o].kind, Kind::Open { deny, .. } if deny & want != 0),
+                );
+            return if denied { Err(Status::LOCKED) } else { Ok(()) };
+        }
+        let e = self.check(&t, client, sid, Some(file))?;
+        let open = match e.kind {
+            Kind::Open { .. } => e,
+            Kind::Lock { open } => t.states.get(&open).ok_or(Status::BAD_STATEID)?,
+        };
+        match open.kind {
+            Kind::Open { access, .. } if access & want != 0 => {}
+            // Reading with a write-only open is allowed (RFC 8881 §9.1.2).
+            Kind::Open { access, .. } if !write && access & share::ACCESS_WRITE != 0 => {}
+            _ => return Err(Status::OPENMODE),
+        }
+        // Mandatory locks are not enforced: byte-range locks are advisory,
+        // as on the Linux nfsd.
+        Ok(())
+    }
+
+    // ---- byte-range locks ------------------------------------------------------
+
+    fn conflict(&self, t: &Tables, file: FileKey, w: Want) -> Option<LockDenied> {
+        t.locks.get(&file)?.iter().find_map(|r| {
+            let overlaps = r.start < w.end && w.start < r.end;
+            let same_owner = r.client == w.client && r.owner.as_ref() == w.owner;
+            (overlaps && !same_owner && (w.write || r.write)).then(|| LockDenied {
+                offset: r.start,
+                length: if r.end == u64::MAX {
+                    u64::MAX
+                } else {
+                    r.end - r.start
+                },
+                locktype: if r.write {
+                    LockType4::Write
+                } else {
+                    LockType4::Read
+                },
+                owner: StateOwner4 {
+                    clientid: r.client,
+                    owner: Opaque4(r.owner.clone()),
+                },
+            })
+        })
+    }
+
+    /// LOCK. `from_open` is `Some((open stateid, new lock owner))` for
+    /// `open_to_lock_owner4`, `None` with `lock_sid` for an existing one.
+    /// `Err(Ok(denied))` when another owner holds a conflicting lock.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lock_range(
+        &self,
+        client: u64,
+        file: FileKey,
+        from_open: Option<(&Stateid4, &[u8])>,
+        lock_sid: &Stateid4,
+        locktype: LockType4,
+        offset: u64,
+        length: u64,
+    ) -> Result<Stateid4, Result<LockDenied, Status>> {
+        let end = end_of(offset, length).map_err(Err)?;
+        let mut t = self.lock();
+        let (other, owner) = match from_open {
+            Some((open_sid, owner)) => {
+                let e = self
+                    .check(&t, Some(client), open_sid, Some(file))
+                    .map_err(Err)?;
+                if !matches!(e.kind, Kind::Open { .. }) {
+                    return Err(Err(Status::BAD_STATEID));
+                }
+                // An owner that already has a lock stateid for this open
+                // keeps it.
+                let existing = t.states.iter().find(|(_, s)| {
+                    s.client == client
+                        && s.owner.as_ref() == owner
+                        && matches!(s.kind, Kind::Lock { open } if open == open_sid.other)
+                });
+                match existing {
+                    Some((o, _)) => (*o, Bytes::copy_from_slice(owner)),
+                    None => {
+                        let o = self.new_other(&mut t);
+                        t.states.insert(
+                            o,
+                            StateEntry {
+                                client,
+                                owner: Bytes::copy_from_slice(owner),
+                                file,
+                                seqid: 0,
+                                kind: Kind::Lock {
+                                    open: open_sid.other,
+                                },
+                            },
+                        );
+                        t.by_file.entry(file).or_default().push(o);
+                        (o, Bytes::copy_from_slice(owner))
+                    }
+                }
+            }
+            None => {
+                let e = self
+                    .check(&t, Some(client), lock_sid, Some(file))
+                    .map_err(Err)?;
+                if !matches!(e.kind, Kind::Lock { .. }) {
+                    return Err(Err(Status::BAD_STATEID));
+                }
+                (lock_sid.other, e.owner.clone())
+            }
+        };
+        let write = locktype.is_write();
+        let want = Want {
+            client,
+            owner: &owner,
+            write,
+            start: offset,
+            end,
+        };
+        if let Some(d) = self.conflict(&t, file, want) {
+            return Err(Ok(d));
+        }
+        let ranges = t.locks.entry(file).or_default();
+        set_range(ranges, other, client, &owner, Some(write), offset, end);
+        let e = t.states.get_mut(&other).expect("made or checked above");
+        e.seqid = e.seqid.wrapping_add(1).max(1);
+        Ok(Stateid4 {
+            seqid: e.seqid,
+            other,
+        })
+    }
+
+    /// LOCKT.
+    pub fn test_lock(
+        &self,
+        client: u64,
+        file: FileKey,
+        owner: &[u8],
+        locktype: LockType4,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), Result<LockDenied, Status>> {
+        let end = end_of(offset, length).map_err(Err)?;
+        let t = self.lock();
+        let want = Want {
+            client,
+            owner,
+            write: locktype.is_write(),
+            start: offset,
+            end,
+        };
+        match self.conflict(&t, file, want) {
+            Some(d) => Err(Ok(d)),
+            None => Ok(()),
+        }
+    }
+
+    /// LOCKU.
+    pub fn unlock(
+        &self,
+        client: u64,
+        file: FileKey,
+        sid: &Stateid4,
+        offset: u64,
+        length: u64,
+    ) -> Result<Stateid4, Status> {
+        let end = end_of(offset, length)?;
+        let mut t = self.lock();
+        let e = self.check(&t, Some(client), sid, Some(file))?;
+        if !matches!(e.kind, Kind::Lock { .. }) {
+            return Err(Status::BAD_STATEID);
+        }
+        let owner = e.owner.clone();
+        if let Some(ranges) = t.locks.get_mut(&file) {
+            set_range(ranges, sid.other, client, &owner, None, offset, end);
+        }
+        let e = t.states.get_mut(&sid.other).expect("checked");
+        e.seqid = e.seqid.wrapping_add(1).max(1);
+        Ok(Stateid4 {
+            seqid: e.seqid,
+            other: sid.other,
+        })
+    }
+
+    /// FREE_STATEID: a lock stateid with no locks (an open stateid is
+    /// freed by CLOSE: NFS4ERR_LOCKS_HELD for one with locks, else it goes).
+    pub fn free_stateid(&self, client: u64, sid: &Stateid4) -> Result<(), Status> {
+        let mut t = self.lock();
+        let e = self.check(
+            &t,
+            Some(client),
+            &Stateid4 {
+                seqid: 0,
+                other: sid.other,
+            },
+            None,
+        )?;
+        let file = e.file;
+        match e.kind {
+            Kind::Lock { .. } => {
+                if t.locks
+                    .get(&file)
+                    .is_some_and(|rs| rs.iter().any(|r| r.state == sid.other))
+                {
+                    return Err(Status::LOCKS_HELD);
+                }
+            }
+            Kind::Open { .. } => return Err(Status::LOCKS_HELD),
+        }
+        remove_state(&mut t, &sid.other);
+        Ok(())
+    }
+
+    /// TEST_STATEID: each stateid's status for `client`.
+    pub fn test_stateid(&self, client: u64, sid: &Stateid4) -> Status {
+        let t = self.lock();
+        if sid.is_special() {
+            return Status::BAD_STATEID;
+        }
+        match self.check(&t, Some(client), sid, None) {
+            Ok(_) => Status::OK,
+            Err(e) => e,
+        }
+    }
+
+    /// Number of clients, sessions and stateids (for tests and reports).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let t = self.lock();
+        (t.clients.len(), t.sessions.len(), t.states.len())
+    }
+
+    /// Makes a client's lease look `by` older (tests of expiry).
+    #[doc(hidden)]
+    pub fn age_client(&self, client: u64, by: Duration) {
+        let mut t = self.lock();
+        if let Some(c) = t.clients.get_mut(&client) {
+            c.renewed -= by;
+        }
+        t.last_sweep = None;
+    }
+}
+
+/// Sets (`Some(write)`) or clears (`None`) `[start, end)` for one lock
+/// stateid, splitting and merging its ranges as POSIX locks do.
+fn set_range(
+    ranges: &mut Vec<Range>,
+    state: [u8; 12],
+    client: u64,
+    owner: &Bytes,
+    write: Option<bool>,
+    start: u64,
+    end: u64,
+) {
+    let mut out = Vec::with_capacity(ranges.len() + 2);
+    for r in ranges.drain(..) {
+        if r.state != state || r.end <= start || end <= r.start {
+            out.push(r);
+            continue;
+        }
+        if r.start < start {
+            out.push(Range {
+                end: start,
+                ..r.clone()
+            });
+        }
+        if end < r.end {
+            out.push(Range { start: end, ..r });
+        }
+    }
+    if let Some(write) = write {
+        out.push(Range {
+            state,
+            client,
+            owner: owner.clone(),
+            write,
+            start,
+            end,
+        });
+    }
+    *ranges = out;
+}
+
+fn remove_state(t: &mut Tables, other: &[u8; 12]) {
+    if let Some(e) = t.states.remove(other) {
+        if let Some(v) = t.by_file.get_mut(&e.file) {
+            v.retain(|o| o != other);
+            if v.is_empty() {
+                t.by_file.remove(&e.file);
+            }
+        }
+        if let Some(rs) = t.locks.get_mut(&e.file) {
+            rs.retain(|r| &r.state != other);
+            if rs.is_empty() {
+                t.locks.remove(&e.file);
+            }
+        }
+    }
+}
+
+fn purge_client(t: &mut Tables, id: u64) {
+    t.clients.remove(&id);
+    t.sessions.retain(|_, s| s.client != id);
+    let mine: Vec<[u8; 12]> = t
+        .states
+        .iter()
+        .filter(|(_, s)| s.client == id)
+        .map(|(o, _)| *o)
+        .collect();
+    for o in mine {
+        remove_state(t, &o);
+    }
+}

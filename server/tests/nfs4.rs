@@ -1,0 +1,771 @@
+//! NFSv4.1 and NFSv4.2 over TCP, from a raw COMPOUND client: client
+//! records and sessions, the slot table and its reply cache, the
+//! COMPOUND rules, one namespace with NFSv3, opens, share reservations,
+//! byte-range locks between clients, lease expiry, and the 4.2 operations.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use nfsrdma_server::tcp::TcpConfig;
+use nfsrdma_xdr::nfs3::{self, Data};
+use nfsrdma_xdr::nfs4::attr::{n, SetAttrs};
+use nfsrdma_xdr::nfs4::ops::*;
+use nfsrdma_xdr::nfs4::*;
+use nfsrdma_xdr::{BoundedVec, Decoder, Payload, Xdr};
+use std::time::Duration;
+
+const EXPORTS: &str = "/export *(rw,no_root_squash,insecure)";
+
+/// A client with one session.
+struct V4 {
+    c: RawClient,
+    clientid: u64,
+    sid: SessionId4,
+    seq: Vec<u32>,
+    owner: &'static str,
+}
+
+fn compound(c: &mut RawClient, minor: u32, tag: &str, ops: Vec<ArgOp>) -> Compound4Res {
+    let a = Compound4Args {
+        tag: Utf8Str(Bytes::copy_from_slice(tag.as_bytes())),
+        minorversion: minor,
+        ops,
+    };
+    let mut b = BytesMut::new();
+    a.encode(&mut b);
+    let (h, mut d) = c.call(PROGRAM, VERSION, PROC_COMPOUND, &b);
+    assert_success(&h);
+    let r = Compound4Res::decode(&mut d).unwrap();
+    d.finish("COMPOUND4res").unwrap();
+    r
+}
+
+fn fore() -> ChannelAttrs4 {
+    ChannelAttrs4 {
+        headerpadsize: 0,
+        maxrequestsize: 1 << 20,
+        maxresponsesize: 1 << 20,
+        maxresponsesize_cached: 8192,
+        maxoperations: 16,
+        maxrequests: 8,
+        rdma_ird: BoundedVec(vec![]),
+    }
+}
+
+fn exchange_id(owner: &str, verifier: u8) -> ArgOp {
+    ArgOp::ExchangeId(ExchangeIdArgs {
+        clientowner: ClientOwner4 {
+            verifier: [verifier; 8],
+            ownerid: Opaque4(Bytes::copy_from_slice(owner.as_bytes())),
+        },
+        flags: 0,
+        state_protect: StateProtectA::None,
+        client_impl_id: BoundedVec(vec![]),
+    })
+}
+
+fn create_session(clientid: u64, sequence: u32) -> ArgOp {
+    ArgOp::CreateSession(CreateSessionArgs {
+        clientid,
+        sequence,
+        flags: session_flags::CONN_BACK_CHAN,
+        fore_chan_attrs: fore(),
+        back_chan_attrs: fore(),
+        cb_program: 0x4000_0000,
+        sec_parms: BoundedVec(vec![CallbackSecParms::None]),
+    })
+}
+
+fn ok<T: std::fmt::Debug>(r: &Res<T>) -> &T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+impl V4 {
+    fn new(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
+        let mut c = RawClient::connect(addr);
+        let r = compound(&mut c, 1, "eid", vec![exchange_id(owner, 1)]);
+        let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
+            panic!("{r:?}");
+        };
+        assert_eq!(
+            e.flags & exchgid::CONFIRMED_R,
+            0,
+            "a new record is unconfirmed"
+        );
+        let (clientid, seq) = (e.clientid, e.sequenceid);
+        let r = compound(&mut c, 1, "cs", vec![create_session(clientid, seq)]);
+        let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
+            panic!("{r:?}");
+        };
+        assert_eq!(
+            s.flags & session_flags::CONN_BACK_CHAN,
+            0,
+            "no backchannel is granted"
+        );
+        assert_eq!(s.fore_chan_attrs.maxrequests, 8);
+        V4 {
+            c,
+            clientid,
+            sid: s.sessionid,
+            seq: vec![0; 8],
+            owner,
+        }
+    }
+
+    fn seq_op(&mut self, slot: u32, cachethis: bool) -> ArgOp {
+        self.seq[slot as usize] += 1;
+        ArgOp::Sequence(SequenceArgs {
+            sessionid: self.sid,
+            sequenceid: self.seq[slot as usize],
+            slotid: slot,
+            highest_slotid: 7,
+            cachethis,
+        })
+    }
+
+    /// SEQUENCE (slot 0, reply not cached) and `ops`, minor version 2.
+    fn run(&mut self, ops: Vec<ArgOp>) -> Compound4Res {
+        self.run_cached(ops, false)
+    }
+
+    fn run_cached(&mut self, ops: Vec<ArgOp>, cachethis: bool) -> Compound4Res {
+        let mut all = vec![self.seq_op(0, cachethis)];
+        all.extend(ops);
+        let r = compound(&mut self.c, 2, "t", all);
+        assert!(
+            ok(match &r.results[0] {
+                ResOp::Sequence(s) => s,
+                other => panic!("{other:?}"),
+            })
+            .status_flags
+                & seq_status::CB_PATH_DOWN
+                != 0
+        );
+        r
+    }
+
+    fn open(&mut self, name: &str, create: bool) -> (Stateid4, Fh4) {
+        let how = create.then(|| CreateHow4::Unchecked(SetAttrs::default().to_fattr()));
+        let r = self.run(vec![
+            ArgOp::Putrootfh,
+            ArgOp::Lookup("export".into()),
+            ArgOp::Open(OpenArgs {
+                seqid: 0,
+                share_access: share::ACCESS_BOTH,
+                share_deny: 0,
+                owner: StateOwner4 {
+                    clientid: self.clientid,
+                    owner: Opaque4(Bytes::from_static(self.owner.as_bytes())),
+                },
+                openhow: how,
+                claim: OpenClaim4::Null(Utf8Str(Bytes::copy_from_slice(name.as_bytes()))),
+            }),
+            ArgOp::Getfh,
+        ]);
+        assert_eq!(r.status, Status::OK, "{r:?}");
+        let ResOp::Open(Ok(o)) = &r.results[3] else {
+            panic!("{r:?}")
+        };
+        let ResOp::Getfh(Ok(fh)) = &r.results[4] else {
+            panic!("{r:?}")
+        };
+        (o.stateid, fh.clone())
+    }
+
+    fn lock(&mut self, fh: &Fh4, open: Stateid4, offset: u64, length: u64) -> LockRes<Stateid4> {
+        let r = self.run(vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Lock(LockArgs {
+                locktype: LockType4::Write,
+                reclaim: false,
+                offset,
+                length,
+                locker: Locker4::New(OpenToLockOwner {
+                    open_seqid: 0,
+                    open_stateid: open,
+                    lock_seqid: 0,
+                    lock_owner: StateOwner4 {
+                        clientid: self.clientid,
+                        owner: Opaque4(Bytes::from_static(b"lock owner")),
+                    },
+                }),
+            }),
+        ]);
+        match r.results.last() {
+            Some(ResOp::Lock(l)) => l.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn minor_version_zero_is_a_mismatch_with_the_tag_echoed() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut c = RawClient::connect(srv.addr);
+    let r = compound(&mut c, 0, "mount probe", vec![ArgOp::Putrootfh]);
+    assert_eq!(r.status, Status::MINOR_VERS_MISMATCH);
+    assert!(r.results.is_empty());
+    assert_eq!(r.tag.as_bytes(), b"mount probe");
+    let r = compound(&mut c, 3, "", vec![ArgOp::Putrootfh]);
+    assert_eq!(r.status, Status::MINOR_VERS_MISMATCH);
+    // NULL of version 4 answers; version 5 is a program mismatch naming 3..4.
+    let (h, _) = c.call(PROGRAM, VERSION, PROC_NULL, &[]);
+    assert_success(&h);
+    let (h, _) = c.call(PROGRAM, 5, 0, &[]);
+    assert_eq!(
+        accept_stat(&h),
+        Some(nfsrdma_xdr::rpc::AcceptStat::ProgMismatch { low: 3, high: 4 })
+    );
+}
+
+#[test]
+fn compound_rules_for_sequence_and_sessionless_operations() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut v = V4::new(srv.addr, "rules");
+    // Without SEQUENCE first.
+    let r = compound(&mut v.c, 1, "", vec![ArgOp::Putrootfh, ArgOp::Getfh]);
+    assert_eq!(r.status, Status::OP_NOT_IN_SESSION);
+    assert_eq!(r.results.len(), 1);
+    // EXCHANGE_ID with company and no SEQUENCE.
+    let r = compound(
+        &mut v.c,
+        1,
+        "",
+        vec![exchange_id("rules", 1), ArgOp::Putrootfh],
+    );
+    assert_eq!(r.status, Status::NOT_ONLY_OP);
+    // SEQUENCE anywhere but first.
+    let s = v.seq_op(0, false);
+    let s2 = v.seq_op(1, false);
+    let r = compound(&mut v.c, 1, "", vec![s, ArgOp::Putrootfh, s2]);
+    assert_eq!(r.status, Status::SEQUENCE_POS);
+    assert_eq!(r.results.len(), 3);
+    // Without a current filehandle.
+    let r = v.run(vec![ArgOp::Getfh]);
+    assert_eq!(r.status, Status::NOFILEHANDLE);
+    // An undefined operation; an NFSv4.2 operation under minor version 1.
+    let r = v.run(vec![ArgOp::Putrootfh, ArgOp::Illegal(9999)]);
+    assert_eq!(r.status, Status::OP_ILLEGAL);
+    assert_eq!(r.results.last().map(|r| r.num()), Some(opnum::ILLEGAL));
+    let s = v.seq_op(0, false);
+    let r = compound(
+        &mut v.c,
+        1,
+        "",
+        vec![s, ArgOp::Putrootfh, ArgOp::Seek(SeekArgs::default())],
+    );
+    assert_eq!(r.status, Status::OP_ILLEGAL);
+    // A defined operation not implemented (DELEGRETURN): NOTSUPP.
+    let r = v.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Unsupported(opnum::DELEGRETURN),
+    ]);
+    assert_eq!(r.status, Status::NOTSUPP);
+    // Arguments that do not decode: the operations before run, the bad
+    // one is BADXDR.
+    let mut b = BytesMut::new();
+    Utf8Str::default().encode(&mut b);
+    b.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 3]);
+    v.seq_op(0, false).encode(&mut b);
+    ArgOp::Putrootfh.encode(&mut b);
+    b.extend_from_slice(&[0, 0, 0, opnum::LOOKUP as u8, 0, 0, 1, 0, b'x']);
+    let (h, mut d) = v.c.call(PROGRAM, VERSION, PROC_COMPOUND, &b);
+    assert_success(&h);
+    let r = Compound4Res::decode(&mut d).unwrap();
+    assert_eq!(r.status, Status::BADXDR);
+    assert_eq!(r.results.len(), 3);
+    assert_eq!(r.results[1], ResOp::Putrootfh(Ok(())));
+}
+
+#[test]
+fn the_slot_table_replays_cached_replies_and_refuses_misordered_ones() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut v = V4::new(srv.addr, "slots");
+    let root = {
+        let r = v.run(vec![
+            ArgOp::Putrootfh,
+            ArgOp::Lookup("export".into()),
+            ArgOp::Getfh,
+        ]);
+        let ResOp::Getfh(Ok(fh)) = &r.results[3] else {
+            panic!("{r:?}")
+        };
+        fh.clone()
+    };
+    // A GUARDED create with the reply cached, sent twice: the second is
+    // the first reply again, not NFS4ERR_EXIST.
+    let s = v.seq_op(2, true);
+    let ops = vec![
+        s,
+        ArgOp::Putfh(root.clone()),
+        ArgOp::Create(CreateArgs {
+            objtype: CreateType4::Dir,
+            objname: "d".into(),
+            createattrs: SetAttrs {
+                mode: Some(0o700),
+                ..Default::default()
+            }
+            .to_fattr(),
+        }),
+        ArgOp::Getfh,
+    ];
+    let first = compound(&mut v.c, 2, "", ops.clone());
+    assert_eq!(first.status, Status::OK, "{first:?}");
+    let again = compound(&mut v.c, 2, "", ops.clone());
+    assert_eq!(again, first, "a retry is answered from the slot");
+    // The next sequence id runs the create for real: it exists now.
+    v.seq[2] -= 1;
+    let mut ops2 = ops.clone();
+    ops2[0] = v.seq_op(2, true);
+    ops2[0] = match &ops2[0] {
+        ArgOp::Sequence(s) => ArgOp::Sequence(SequenceArgs {
+            sequenceid: s.sequenceid + 1,
+            ..s.clone()
+        }),
+        _ => unreachable!(),
+    };
+    let r = compound(&mut v.c, 2, "", ops2.clone());
+    assert_eq!(r.status, Status::EXIST);
+    // Skipping a sequence id, an unknown slot, an unknown session.
+    let mut skip = ops2.clone();
+    if let ArgOp::Sequence(s) = &mut skip[0] {
+        s.sequenceid += 5;
+    }
+    assert_eq!(
+        compound(&mut v.c, 2, "", skip).status,
+        Status::SEQ_MISORDERED
+    );
+    let mut bad = ops2.clone();
+    if let ArgOp::Sequence(s) = &mut bad[0] {
+        s.slotid = 8;
+    }
+    assert_eq!(compound(&mut v.c, 2, "", bad).status, Status::BADSLOT);
+    let mut gone = ops2.clone();
+    if let ArgOp::Sequence(s) = &mut gone[0] {
+        s.sessionid = [9; 16];
+    }
+    assert_eq!(compound(&mut v.c, 2, "", gone).status, Status::BADSESSION);
+    // A retry of a request whose reply was not cached.
+    let s = v.seq_op(3, false);
+    let ops = vec![s, ArgOp::Putrootfh];
+    assert_eq!(compound(&mut v.c, 2, "", ops.clone()).status, Status::OK);
+    assert_eq!(
+        compound(&mut v.c, 2, "", ops).status,
+        Status::RETRY_UNCACHED_REP
+    );
+}
+
+#[test]
+fn client_records_follow_exchange_id_and_create_session() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut c = RawClient::connect(srv.addr);
+    let r = compound(&mut c, 1, "", vec![exchange_id("rec", 1)]);
+    let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    // CREATE_SESSION with a wrong sequence, an unknown client id.
+    let r = compound(
+        &mut c,
+        1,
+        "",
+        vec![create_session(e.clientid, e.sequenceid + 1)],
+    );
+    assert_eq!(r.status, Status::SEQ_MISORDERED);
+    let r = compound(&mut c, 1, "", vec![create_session(0x1234, 1)]);
+    assert_eq!(r.status, Status::STALE_CLIENTID);
+    let r1 = compound(
+        &mut c,
+        1,
+        "",
+        vec![create_session(e.clientid, e.sequenceid)],
+    );
+    assert_eq!(r1.status, Status::OK);
+    // Its retry gets the same session back.
+    let r2 = compound(
+        &mut c,
+        1,
+        "",
+        vec![create_session(e.clientid, e.sequenceid)],
+    );
+    assert_eq!(r2, r1);
+    // The same owner and verifier again: the same, now confirmed, record.
+    let r = compound(&mut c, 1, "", vec![exchange_id("rec", 1)]);
+    let ResOp::ExchangeId(Ok(e2)) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(e2.clientid, e.clientid);
+    assert_ne!(e2.flags & exchgid::CONFIRMED_R, 0);
+    // A new verifier (the client restarted): a new record, and once it is
+    // confirmed the old one's session is gone.
+    let r = compound(&mut c, 1, "", vec![exchange_id("rec", 2)]);
+    let ResOp::ExchangeId(Ok(e3)) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    assert_ne!(e3.clientid, e.clientid);
+    assert_eq!(
+        compound(
+            &mut c,
+            1,
+            "",
+            vec![create_session(e3.clientid, e3.sequenceid)]
+        )
+        .status,
+        Status::OK
+    );
+    let ResOp::CreateSession(Ok(old)) = &r1.results[0] else {
+        panic!()
+    };
+    let r = compound(
+        &mut c,
+        1,
+        "",
+        vec![ArgOp::Sequence(SequenceArgs {
+            sessionid: old.sessionid,
+            sequenceid: 1,
+            slotid: 0,
+            highest_slotid: 0,
+            cachethis: false,
+        })],
+    );
+    assert_eq!(r.status, Status::BADSESSION);
+    // DESTROY_CLIENTID of a client with a session is refused; after
+    // DESTROY_SESSION it works.
+    assert_eq!(
+        compound(&mut c, 1, "", vec![ArgOp::DestroyClientid(e3.clientid)]).status,
+        Status::CLIENTID_BUSY
+    );
+    assert_eq!(srv.service.nfs4().state.counts().0, 1);
+}
+
+#[test]
+fn one_namespace_with_nfsv3_data_and_handles() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    // NFSv3 writes a file.
+    let mut c3 = RawClient::connect(srv.addr);
+    let root3 = c3.mount("/export");
+    let f3 = match c3.nfs(nfs3::Nfs3Args::Create(nfs3::Create3Args {
+        where_: nfs3::DirOpArgs3 {
+            dir: root3.clone(),
+            name: "shared".into(),
+        },
+        how: nfs3::CreateHow3::Unchecked(nfs3::Sattr3::default()),
+    })) {
+        nfs3::Nfs3Res::Create(nfs3::NfsResult::Ok(ok)) => ok.obj.unwrap(),
+        r => panic!("{r:?}"),
+    };
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    match c3.nfs(nfs3::Nfs3Args::Write(nfs3::Write3Args {
+        file: f3.clone(),
+        offset: 0,
+        count: data.len() as u32,
+        stable: nfs3::StableHow::FileSync,
+        data: Data::new(data.clone()),
+    })) {
+        nfs3::Nfs3Res::Write(nfs3::NfsResult::Ok(_)) => {}
+        r => panic!("{r:?}"),
+    }
+    // NFSv4.2 opens it by name: the same handle, the same file id, the
+    // same bytes.
+    let mut v = V4::new(srv.addr, "ns");
+    let (open, fh) = v.open("shared", false);
+    assert_eq!(fh.0, f3.0, "v3 and v4 handles of a file are the same");
+    let r = v.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Read(ReadArgs {
+            stateid: open,
+            offset: 0,
+            count: 1 << 20,
+        }),
+        ArgOp::Getattr(Bitmap4::from_bits([n::CHANGE, n::SIZE, n::FILEID])),
+    ]);
+    let ResOp::Read(Ok(rd)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert!(rd.eof);
+    assert_eq!(rd.data.0.to_contiguous().as_ref(), &data[..]);
+    let ResOp::Getattr(Ok(attrs)) = &r.results[3] else {
+        panic!("{r:?}")
+    };
+    // The same with the reply to be cached: too big for the slot.
+    let r = v.run_cached(
+        vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Read(ReadArgs {
+                stateid: open,
+                offset: 0,
+                count: 1 << 20,
+            }),
+        ],
+        true,
+    );
+    assert_eq!(r.status, Status::REP_TOO_BIG_TO_CACHE);
+    let mut d = Decoder::new(attrs.attr_vals.0.clone());
+    let change1 = d.u64("change").unwrap();
+    assert_eq!(d.u64("size").unwrap(), data.len() as u64);
+    let a3 = match c3.nfs(nfs3::Nfs3Args::Getattr(nfs3::Getattr3Args {
+        object: f3.clone(),
+    })) {
+        nfs3::Nfs3Res::Getattr(nfs3::NfsResult::Ok(a)) => a.obj_attributes,
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(d.u64("fileid").unwrap(), a3.fileid);
+    // NFSv4.2 writes; NFSv3 reads it back, and the change attribute moved.
+    let r = v.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Write(WriteArgs {
+            stateid: open,
+            offset: 10,
+            stable: StableHow4::Unstable,
+            data: Data(Payload::from_parts([Bytes::from_static(b"written by v4")])),
+        }),
+        ArgOp::Commit(CommitArgs {
+            offset: 0,
+            count: 0,
+        }),
+        ArgOp::Getattr(Bitmap4::from_bits([n::CHANGE])),
+    ]);
+    let ResOp::Write(Ok(w)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert_eq!((w.count, w.committed), (13, StableHow4::Unstable));
+    let ResOp::Commit(Ok(verf)) = &r.results[3] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(*verf, w.writeverf);
+    assert_eq!(
+        *verf,
+        srv.service.write_verf(),
+        "one write verifier for v3 and v4"
+    );
+    let ResOp::Getattr(Ok(a)) = &r.results[4] else {
+        panic!("{r:?}")
+    };
+    let change2 = Decoder::new(a.attr_vals.0.clone()).u64("change").unwrap();
+    assert!(change2 > change1);
+    match c3.nfs(nfs3::Nfs3Args::Read(nfs3::Read3Args {
+        file: f3,
+        offset: 10,
+        count: 13,
+    })) {
+        nfs3::Nfs3Res::Read(nfs3::NfsResult::Ok(r)) => {
+            assert_eq!(r.data.0.to_contiguous().as_ref(), b"written by v4")
+        }
+        r => panic!("{r:?}"),
+    }
+    // The pseudo root lists the export, and LOOKUPP leads back to it.
+    let r = v.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Readdir(ReaddirArgs {
+            cookie: 0,
+            cookieverf: [0; 8],
+            dircount: 4096,
+            maxcount: 8192,
+            attr_request: Bitmap4::from_bits([n::FSID, n::MOUNTED_ON_FILEID]),
+        }),
+        ArgOp::Lookup("export".into()),
+        ArgOp::Lookupp,
+        ArgOp::Getfh,
+    ]);
+    let ResOp::Readdir(Ok(dir)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    let names: Vec<&[u8]> = dir.entries.0.iter().map(|e| e.name.as_bytes()).collect();
+    assert_eq!(names, vec![&b"export"[..]]);
+    assert!(dir.eof);
+    let ResOp::Getfh(Ok(back)) = &r.results[5] else {
+        panic!("{r:?}")
+    };
+    let r = v.run(vec![ArgOp::Putrootfh, ArgOp::Getfh]);
+    let ResOp::Getfh(Ok(rootfh)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(back, rootfh);
+}
+
+#[test]
+fn share_reservations_and_byte_range_locks_between_clients() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut a = V4::new(srv.addr, "client a");
+    let mut b = V4::new(srv.addr, "client b");
+    let (sa, fh) = a.open("locked", true);
+    let (sb, _) = b.open("locked", false);
+    let la = match a.lock(&fh, sa, 0, 100) {
+        LockRes::Ok(s) => s,
+        other => panic!("{other:?}"),
+    };
+    // B's overlapping lock is denied, naming A's range and owner.
+    match b.lock(&fh, sb, 50, 10) {
+        LockRes::Denied(d) => {
+            assert_eq!((d.offset, d.length, d.owner.clientid), (0, 100, a.clientid));
+            assert_eq!(d.locktype, LockType4::Write);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A range beside it is granted.
+    assert!(matches!(b.lock(&fh, sb, 100, 10), LockRes::Ok(_)));
+    // A releases the middle; B may lock there, not at the ends.
+    let r = a.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Locku(LockuArgs {
+            locktype: LockType4::Write,
+            seqid: 0,
+            lock_stateid: la,
+            offset: 40,
+            length: 20,
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let r = b.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Lockt(LocktArgs {
+            locktype: LockType4::Write,
+            offset: 45,
+            length: 10,
+            owner: StateOwner4 {
+                clientid: b.clientid,
+                owner: Opaque4(Bytes::from_static(b"lock owner")),
+            },
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK);
+    assert!(matches!(b.lock(&fh, sb, 0, 41), LockRes::Denied(_)));
+    // A's CLOSE with locks held is refused.
+    let r = a.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Close(CloseArgs {
+            seqid: 0,
+            open_stateid: sa,
+        }),
+    ]);
+    assert_eq!(r.status, Status::LOCKS_HELD);
+    // A deny-write open by a third owner is refused while others write.
+    let r = b.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Lookup("export".into()),
+        ArgOp::Open(OpenArgs {
+            seqid: 0,
+            share_access: share::ACCESS_READ,
+            share_deny: share::DENY_WRITE,
+            owner: StateOwner4 {
+                clientid: b.clientid,
+                owner: Opaque4(Bytes::from_static(b"another owner")),
+            },
+            openhow: None,
+            claim: OpenClaim4::Null("locked".into()),
+        }),
+    ]);
+    assert_eq!(r.status, Status::SHARE_DENIED);
+    // A's lease runs out: its state goes, and B can take A's range.
+    srv.service
+        .nfs4()
+        .state
+        .age_client(a.clientid, Duration::from_secs(3600));
+    assert!(matches!(b.lock(&fh, sb, 0, 41), LockRes::Ok(_)));
+    let s = a.seq_op(0, false);
+    let r = compound(&mut a.c, 2, "", vec![s]);
+    assert_eq!(
+        r.status,
+        Status::BADSESSION,
+        "the expired client's session is gone"
+    );
+    // A stateid of the expired client is unknown now.
+    let r = b.run(vec![ArgOp::TestStateid(BoundedVec(vec![sa, sb]))]);
+    let ResOp::TestStateid(Ok(codes)) = &r.results[1] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(codes.0, vec![Status::BAD_STATEID, Status::OK]);
+}
+
+#[test]
+fn nfsv42_copy_seek_allocate_and_deallocate() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut v = V4::new(srv.addr, "v42");
+    let (src, sfh) = v.open("src", true);
+    let (dst, dfh) = v.open("dst", true);
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let r = v.run(vec![
+        ArgOp::Putfh(sfh.clone()),
+        ArgOp::Write(WriteArgs {
+            stateid: src,
+            offset: 0,
+            stable: StableHow4::FileSync,
+            data: Data(Payload::from_parts([Bytes::from(body.clone())])),
+        }),
+        // COPY: the saved handle is the source.
+        ArgOp::Savefh,
+        ArgOp::Putfh(dfh.clone()),
+        ArgOp::Copy(CopyArgs {
+            src_stateid: src,
+            dst_stateid: dst,
+            src_offset: 1000,
+            dst_offset: 0,
+            count: 0,
+            consecutive: true,
+            synchronous: true,
+            source_server: BoundedVec(vec![]),
+        }),
+        ArgOp::Read(ReadArgs {
+            stateid: dst,
+            offset: 0,
+            count: 1 << 20,
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let ResOp::Copy(Ok(c)) = &r.results[5] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(c.response.count, body.len() as u64 - 1000);
+    let ResOp::Read(Ok(rd)) = &r.results[6] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(rd.data.0.to_contiguous().as_ref(), &body[1000..]);
+    // DEALLOCATE zeroes a range and keeps the size; ALLOCATE extends it;
+    // SEEK finds data where asked and the hole at the end.
+    let r = v.run(vec![
+        ArgOp::Putfh(dfh.clone()),
+        ArgOp::Deallocate(SpaceArgs {
+            stateid: dst,
+            offset: 10,
+            length: 20,
+        }),
+        ArgOp::Read(ReadArgs {
+            stateid: dst,
+            offset: 0,
+            count: 40,
+        }),
+        ArgOp::Allocate(SpaceArgs {
+            stateid: dst,
+            offset: 0,
+            length: 400_000,
+        }),
+        ArgOp::Seek(SeekArgs {
+            stateid: dst,
+            offset: 5,
+            what: 1,
+        }),
+        ArgOp::Getattr(Bitmap4::from_bits([n::SIZE])),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let ResOp::Read(Ok(rd)) = &r.results[3] else {
+        panic!("{r:?}")
+    };
+    let got = rd.data.0.to_contiguous();
+    assert_eq!(&got[..10], &body[1000..1010]);
+    assert!(got[10..30].iter().all(|b| *b == 0));
+    assert_eq!(&got[30..40], &body[1030..1040]);
+    let ResOp::Seek(Ok(s)) = &r.results[5] else {
+        panic!("{r:?}")
+    };
+    assert_eq!((s.eof, s.offset), (true, 400_000));
+    let ResOp::Getattr(Ok(a)) = &r.results[6] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        Decoder::new(a.attr_vals.0.clone()).u64("size").unwrap(),
+        400_000
+    );
+}

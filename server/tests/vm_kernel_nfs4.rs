@@ -1,0 +1,303 @@
+//! The Linux kernel NFS client mounting nfsrdmad with NFSv4.1 and NFSv4.2,
+//! over TCP and RPC-over-RDMA, and with no version given (it negotiates
+//! 4.2); the same file-system workload through each mount and through the
+//! kernel nfsd's NFSv4.2 mount as the control; data written over NFSv3
+//! read over NFSv4.2 and back; whole-file locks contended by two
+//! processes.
+//!
+//! Ignored on the host (it needs root, rdma_rxe and the kernel NFS
+//! modules); `scripts/test-vm` runs it inside the VM.
+
+mod common;
+
+use common::kernel::{addr, reset_nfs_services, sh, Daemon};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn digest(d: &[u8]) -> String {
+    // FNV-1a: enough to tell contents apart.
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in d {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn data(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Mounts `src` on `mnt` with `opts`; returns the mount's line in
+/// /proc/mounts and its transport from mountstats.
+fn mount(src: &str, mnt: &str, opts: &str) -> (String, String) {
+    std::fs::create_dir_all(mnt).unwrap();
+    sh(&format!("timeout 120 mount -t nfs -o {opts} {src} {mnt}"));
+    let line = std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(mnt))
+        .unwrap_or_else(|| panic!("{mnt} not in /proc/mounts"))
+        .to_string();
+    let stats = std::fs::read_to_string("/proc/self/mountstats").unwrap();
+    let xprt = stats
+        .split("device ")
+        .find(|s| s.contains(&format!("mounted on {mnt} ")))
+        .and_then(|s| s.lines().find(|l| l.trim_start().starts_with("xprt:")))
+        .map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string())
+        .unwrap_or_default();
+    (line, xprt)
+}
+
+/// A file-system workload; returns a manifest to compare between servers.
+/// `v42`: the mount is NFSv4.2, so fallocate and hole punching work (over
+/// NFSv4.1 the client refuses them).
+fn workload(mnt: &Path, v42: bool) -> Vec<String> {
+    let mut m = Vec::new();
+    let src = data(3 << 20, 7);
+    std::fs::write("/tmp/v4-src", &src).unwrap();
+    for bs in ["4k", "64k", "1M"] {
+        let f = mnt.join(format!("direct-{bs}"));
+        sh(&format!(
+            "timeout 600 dd if=/tmp/v4-src of={} bs={bs} oflag=direct status=none",
+            f.display()
+        ));
+        sh(&format!(
+            "echo 3 > /proc/sys/vm/drop_caches; timeout 600 dd if={} of=/tmp/v4-back bs={bs} iflag=direct status=none",
+            f.display()
+        ));
+        let got = std::fs::read("/tmp/v4-back").unwrap();
+        assert!(got == src, "O_DIRECT {bs} read back differs");
+        m.push(format!("direct-{bs} {} {}", got.len(), digest(&got)));
+    }
+    let odd = &src[..src.len() - 12_345];
+    std::fs::write(mnt.join("buffered"), odd).unwrap();
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    assert!(
+        std::fs::read(mnt.join("buffered")).unwrap() == odd,
+        "buffered read back differs"
+    );
+    // Truncate (SETATTR of the size with the open's stateid), append.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("buffered"))
+        .unwrap();
+    f.set_len(100_000).unwrap();
+    drop(f);
+    sh(&format!("echo tail >> {}", mnt.join("buffered").display()));
+    let got = std::fs::read(mnt.join("buffered")).unwrap();
+    assert_eq!(&got[..100_000], &src[..100_000]);
+    m.push(format!("truncated {} {}", got.len(), digest(&got)));
+    // NFSv4.2: copy_file_range (COPY), fallocate (ALLOCATE), hole punch
+    // (DEALLOCATE).
+    sh(&format!(
+        "cp {} {}",
+        mnt.join("direct-1M").display(),
+        mnt.join("copied").display()
+    ));
+    let got = std::fs::read(mnt.join("copied")).unwrap();
+    assert!(got == src, "copy differs");
+    m.push(format!("copied {} {}", got.len(), digest(&got)));
+    if v42 {
+        sh(&format!("fallocate -l 5M {}", mnt.join("copied").display()));
+        sh(&format!(
+            "fallocate -p -o 4096 -l 8192 {}",
+            mnt.join("copied").display()
+        ));
+        sh("echo 3 > /proc/sys/vm/drop_caches");
+        let got = std::fs::read(mnt.join("copied")).unwrap();
+        assert_eq!(got.len(), 5 << 20);
+        assert!(
+            got[4096..12288].iter().all(|b| *b == 0),
+            "punched range reads zeros"
+        );
+        assert_eq!(&got[..4096], &src[..4096]);
+        m.push(format!("fallocated {} {}", got.len(), digest(&got)));
+    }
+    // Names: files, renames, hard links, symbolic links, a fifo, modes.
+    let t = mnt.join("tree");
+    std::fs::create_dir(&t).unwrap();
+    for i in 0..300 {
+        std::fs::write(t.join(format!("f{i:03}")), format!("file {i}\n")).unwrap();
+    }
+    for i in (0..300).step_by(2) {
+        std::fs::rename(t.join(format!("f{i:03}")), t.join(format!("r{i:03}"))).unwrap();
+    }
+    std::fs::create_dir(t.join("sub")).unwrap();
+    for i in (1..40).step_by(2) {
+        std::fs::hard_link(
+            t.join(format!("f{i:03}")),
+            t.join("sub").join(format!("h{i:03}")),
+        )
+        .unwrap();
+    }
+    std::os::unix::fs::symlink("../f001", t.join("sub/link")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(t.join("sub/link")).unwrap(),
+        "file 1\n"
+    );
+    sh(&format!("mkfifo {}", t.join("sub/fifo").display()));
+    assert!(std::fs::symlink_metadata(t.join("sub/fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    std::fs::set_permissions(t.join("f003"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(&t)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 301);
+    for n in &names {
+        let p = t.join(n);
+        let md = std::fs::symlink_metadata(&p).unwrap();
+        let content = if md.is_file() {
+            digest(&std::fs::read(&p).unwrap())
+        } else {
+            "-".into()
+        };
+        let size = if md.is_dir() {
+            "-".into()
+        } else {
+            md.len().to_string()
+        };
+        m.push(format!(
+            "tree/{n} {size} {:o} {} {content}",
+            md.mode() & 0o7777,
+            md.nlink()
+        ));
+    }
+    let e = std::fs::remove_dir(&t).unwrap_err();
+    m.push(format!("rmdir-nonempty {:?}", e.raw_os_error()));
+    std::fs::remove_dir_all(&t).unwrap();
+    assert!(!t.exists());
+    // Whole-file locks: a second process cannot take one the first holds,
+    // and can once it is released.
+    let lf = mnt.join("lockfile");
+    std::fs::write(&lf, b"l").unwrap();
+    // Each opens the file for writing (flock(1) with a path would open it
+    // read-only, and an exclusive lock wants a write open).
+    let lfs = lf.display().to_string();
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "exec 9>>{lfs}; flock -x 9 || exit 3; echo held > /tmp/v4-held; sleep 8"
+        ))
+        .spawn()
+        .unwrap();
+    // A server in its grace period (the kernel nfsd just started) holds
+    // the first lock back for a while.
+    for _ in 0..3000 {
+        if Path::new("/tmp/v4-held").exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        Path::new("/tmp/v4-held").exists(),
+        "the first flock never got its lock"
+    );
+    let try_lock = || {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec 9>>{lfs}; flock -n -x 9"))
+            .status()
+            .unwrap()
+    };
+    let busy = try_lock();
+    m.push(format!("flock-while-held {:?}", busy.code()));
+    assert_eq!(
+        busy.code(),
+        Some(1),
+        "a second flock got a lock already held"
+    );
+    assert!(holder.wait().unwrap().success(), "the lock holder failed");
+    std::fs::remove_file("/tmp/v4-held").unwrap();
+    let free = try_lock();
+    assert!(free.success(), "the lock was not released");
+    m
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn kernel_client_mounts_nfsv41_and_nfsv42_over_tcp_and_rdma() {
+    common::kernel::in_vm(&["nfsv3", "nfsv4"]);
+    let a = addr();
+    let d = Daemon::start(&["--lease", "15"]);
+    let mut manifests = Vec::new();
+    for (opts, vers, xprt) in [
+        ("vers=4.1,proto=tcp", "4.1", "tcp"),
+        ("vers=4.2,proto=rdma,port=20049", "4.2", "rdma"),
+        // What a user types: no version.
+        ("proto=rdma,port=20049", "4.2", "rdma"),
+    ] {
+        let (line, got_xprt) = mount(&format!("{a}:/export"), "/mnt/v4", opts);
+        assert!(line.contains(&format!("vers={vers}")), "{opts}: {line}");
+        assert_eq!(got_xprt, xprt, "{opts}: {line}");
+        eprintln!("mounted with {opts}: {line}");
+        manifests.push(workload(Path::new("/mnt/v4"), vers == "4.2"));
+        sh("timeout 60 umount /mnt/v4");
+    }
+    // One namespace: written over NFSv3, read over NFSv4.2, and back.
+    let (_, x3) = mount(
+        &format!("{a}:/export"),
+        "/mnt/v3",
+        "vers=3,proto=tcp,port=2049,mountport=2049,mountproto=tcp,nolock",
+    );
+    let (_, x4) = mount(
+        &format!("{a}:/export"),
+        "/mnt/v4",
+        "vers=4.2,proto=rdma,port=20049",
+    );
+    assert_eq!((x3.as_str(), x4.as_str()), ("tcp", "rdma"));
+    let one = data(1 << 20, 11);
+    std::fs::write("/mnt/v3/from-v3", &one).unwrap();
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    assert!(
+        std::fs::read("/mnt/v4/from-v3").unwrap() == one,
+        "v3 data over v4.2"
+    );
+    let two = data(700_001, 12);
+    std::fs::write("/mnt/v4/from-v4", &two).unwrap();
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    assert!(
+        std::fs::read("/mnt/v3/from-v4").unwrap() == two,
+        "v4.2 data over v3"
+    );
+    let i3 = std::fs::metadata("/mnt/v3/from-v4").unwrap().ino();
+    let i4 = std::fs::metadata("/mnt/v4/from-v4").unwrap().ino();
+    assert_eq!(i3, i4, "the same file id over both versions");
+    sh("timeout 60 umount /mnt/v3; timeout 60 umount /mnt/v4");
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
+    eprintln!("{report}");
+
+    // The control: the kernel nfsd over NFSv4.2 and RDMA.
+    let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vm/guest/knfsd-up");
+    sh(&format!(
+        "{} --vers 4.2 --mount /mnt/knfsd /export",
+        up.display()
+    ));
+    let theirs = workload(&PathBuf::from("/mnt/knfsd"), true);
+    sh("timeout 60 umount /mnt/knfsd");
+    reset_nfs_services();
+    for ours in &manifests {
+        // NFSv4.1 has no fallocate: its manifest lacks that line.
+        let theirs: Vec<&String> = theirs
+            .iter()
+            .filter(|l| ours.len() == theirs.len() || !l.starts_with("fallocated"))
+            .collect();
+        assert_eq!(ours.len(), theirs.len());
+        for (x, y) in ours.iter().zip(theirs) {
+            assert_eq!(x, y, "nfsrdmad and kernel nfsd disagree");
+        }
+    }
+}
