@@ -3,9 +3,12 @@
 //! still loses everything since its last planned stop: the store lives in
 //! memory).
 //!
-//! The file holds, for each export, its path and its store's snapshot. It
-//! is written to a temporary file, synced, then renamed over the old one,
-//! so a crash while saving leaves the previous state intact.
+//! The file holds, for each export, its path and its store's snapshot,
+//! then the owners of the NFSv4 clients that may reclaim their opens and
+//! locks in the next instance's grace period (a file from before that
+//! section has none). It is written to a temporary file, synced, then
+//! renamed over the old one, so a crash while saving leaves the previous
+//! state intact.
 
 use crate::service::Export;
 use crate::store::{blocks::BlockSource, SnapshotError, Store};
@@ -15,6 +18,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"NRDSTATE";
+/// Starts the section of NFSv4 clients.
+const NFS4_CLIENTS: &[u8; 8] = b"NFS4CLNT";
+/// The most client owners the section may hold, and the longest owner
+/// (RFC 8881: `co_ownerid` is at most 1024 bytes).
+const MAX_CLIENTS: u32 = 1 << 20;
+const MAX_OWNER: usize = 1024;
 
 /// Why the state could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +49,20 @@ pub enum StateError {
     },
 }
 
-/// Saves every export's store to `path`.
-pub fn save(path: &Path, exports: &[Export]) -> io::Result<()> {
+/// What a state file held.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The exports whose stores were loaded.
+    pub exports: Vec<String>,
+    /// Paths in the file that no export has any more.
+    pub dropped: Vec<String>,
+    /// Owners of the NFSv4 clients that may reclaim.
+    pub nfs4_clients: Vec<bytes::Bytes>,
+}
+
+/// Saves every export's store and the NFSv4 clients that may reclaim to
+/// `path`.
+pub fn save(path: &Path, exports: &[Export], nfs4_clients: &[bytes::Bytes]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     let file = std::fs::File::create(&tmp)?;
     let mut w = BufWriter::new(file);
@@ -55,26 +76,26 @@ pub fn save(path: &Path, exports: &[Export]) -> io::Result<()> {
         w.write_all(&(snap.len() as u64).to_be_bytes())?;
         w.write_all(&snap)?;
     }
+    write_clients(&mut w, nfs4_clients)?;
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)
 }
 
 /// Replaces the stores of `exports` named in the state file at `path` (a
-/// missing file means a first start: nothing to load). Returns the paths
-/// loaded and the paths in the file that no export has any more.
+/// missing file means a first start: nothing to load).
 pub fn load(
     path: &Path,
     exports: &mut [Export],
     source: &dyn Fn() -> Box<dyn BlockSource>,
-) -> Result<(Vec<String>, Vec<String>), StateError> {
+) -> Result<Loaded, StateError> {
     let io = |source| StateError::Io {
         path: path.display().to_string(),
         source,
     };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((vec![], vec![])),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::default()),
         Err(e) => return Err(io(e)),
     };
     let mut r = BufReader::new(file);
@@ -113,6 +134,10 @@ pub fn load(
         }
         snaps.insert(name, snap);
     }
+    let nfs4_clients = read_clients(&mut r).map_err(|e| match e {
+        ClientsError::Io(e) => io(e),
+        ClientsError::Format => StateError::Format(path.display().to_string()),
+    })?;
     let mut loaded = Vec::new();
     for e in exports.iter_mut() {
         if let Some(snap) = snaps.remove(&e.path) {
@@ -129,5 +154,145 @@ pub fn load(
     }
     let mut dropped: Vec<String> = snaps.into_keys().collect();
     dropped.sort();
-    Ok((loaded, dropped))
+    Ok(Loaded {
+        exports: loaded,
+        dropped,
+        nfs4_clients,
+    })
+}
+
+/// The NFSv4 clients' section (owners too long for it are left out: no
+/// client can have sent one).
+fn write_clients(w: &mut impl Write, owners: &[bytes::Bytes]) -> io::Result<()> {
+    let owners: Vec<&bytes::Bytes> = owners
+        .iter()
+        .filter(|o| !o.is_empty() && o.len() <= MAX_OWNER)
+        .take(MAX_CLIENTS as usize)
+        .collect();
+    w.write_all(NFS4_CLIENTS)?;
+    w.write_all(&(owners.len() as u32).to_be_bytes())?;
+    for o in owners {
+        w.write_all(&(o.len() as u32).to_be_bytes())?;
+        w.write_all(o)?;
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+enum ClientsError {
+    Io(io::Error),
+    Format,
+}
+
+/// The NFSv4 clients' section, if the file has one.
+fn read_clients(r: &mut impl Read) -> Result<Vec<bytes::Bytes>, ClientsError> {
+    let eof = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof => ClientsError::Format,
+        _ => ClientsError::Io(e),
+    };
+    // Nothing at all after the stores: a file from before the section.
+    let mut tag = [0u8; 8];
+    loop {
+        match r.read(&mut tag[..1]) {
+            Ok(0) => return Ok(Vec::new()),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ClientsError::Io(e)),
+        }
+    }
+    r.read_exact(&mut tag[1..]).map_err(eof)?;
+    if &tag != NFS4_CLIENTS {
+        return Err(ClientsError::Format);
+    }
+    let mut b4 = [0u8; 4];
+    let mut u32_ = |r: &mut dyn Read| -> Result<u32, ClientsError> {
+        r.read_exact(&mut b4).map_err(eof)?;
+        Ok(u32::from_be_bytes(b4))
+    };
+    let n = u32_(r)?;
+    if n > MAX_CLIENTS {
+        return Err(ClientsError::Format);
+    }
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let len = u32_(r)? as usize;
+        if len == 0 || len > MAX_OWNER {
+            return Err(ClientsError::Format);
+        }
+        let mut o = vec![0u8; len];
+        r.read_exact(&mut o).map_err(eof)?;
+        out.push(bytes::Bytes::from(o));
+    }
+    let mut rest = [0u8; 1];
+    match r.read(&mut rest) {
+        Ok(0) => Ok(out),
+        Ok(_) => Err(ClientsError::Format),
+        Err(e) => Err(ClientsError::Io(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn section(owners: &[&[u8]]) -> Vec<u8> {
+        let owners: Vec<Bytes> = owners.iter().map(|o| Bytes::copy_from_slice(o)).collect();
+        let mut v = Vec::new();
+        write_clients(&mut v, &owners).unwrap();
+        v
+    }
+
+    #[test]
+    fn the_clients_section_reads_back_and_may_be_absent() {
+        let v = section(&[b"client a", b"Linux NFSv4.1 host/10.99.0.1"]);
+        let got = read_clients(&mut &v[..]).unwrap();
+        assert_eq!(
+            got,
+            vec![&b"client a"[..], &b"Linux NFSv4.1 host/10.99.0.1"[..]]
+        );
+        // A file written before the section existed ends after the stores.
+        assert!(read_clients(&mut &[][..]).unwrap().is_empty());
+        // An owner no client could have sent is not written.
+        let long = vec![7u8; MAX_OWNER + 1];
+        let v = section(&[b"", &long, b"ok"]);
+        assert_eq!(read_clients(&mut &v[..]).unwrap(), vec![&b"ok"[..]]);
+    }
+
+    #[test]
+    fn a_damaged_clients_section_is_refused() {
+        let good = section(&[b"client a", b"client b"]);
+        // Cut anywhere inside.
+        for cut in 1..good.len() {
+            assert!(
+                matches!(read_clients(&mut &good[..cut]), Err(ClientsError::Format)),
+                "cut at {cut}"
+            );
+        }
+        // Trailing bytes, another tag, a count or a length out of bounds.
+        let mut v = good.clone();
+        v.push(0);
+        assert!(matches!(
+            read_clients(&mut &v[..]),
+            Err(ClientsError::Format)
+        ));
+        let mut v = good.clone();
+        v[0] = b'X';
+        assert!(matches!(
+            read_clients(&mut &v[..]),
+            Err(ClientsError::Format)
+        ));
+        let mut v = good.clone();
+        v[8..12].copy_from_slice(&(MAX_CLIENTS + 1).to_be_bytes());
+        assert!(matches!(
+            read_clients(&mut &v[..]),
+            Err(ClientsError::Format)
+        ));
+        let mut v = good;
+        v[12..16].copy_from_slice(&((MAX_OWNER + 1) as u32).to_be_bytes());
+        assert!(matches!(
+            read_clients(&mut &v[..]),
+            Err(ClientsError::Format)
+        ));
+    }
 }

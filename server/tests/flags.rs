@@ -3,22 +3,10 @@
 
 mod common;
 
+use common::{nfsrdmad, serving};
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// nfsrdmad exporting /export on a free loopback port, with `args`.
-fn nfsrdmad(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"));
-    c.args([
-        "--export",
-        "/export",
-        "--tcp",
-        "127.0.0.1:0",
-        "--no-rpcbind",
-    ])
-    .args(args);
-    c
-}
 
 /// Runs nfsrdmad with `args`; returns (exited with success, stderr). Kills
 /// it after 20 s (a daemon that accepted the flags would run on).
@@ -54,27 +42,6 @@ fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         .read_to_string(&mut err)
         .expect("read stderr");
     (status.success(), err)
-}
-
-/// nfsrdmad with `args`, running: the child and the TCP address it printed.
-fn serving(args: &[&str], stderr: Stdio) -> (std::process::Child, std::net::SocketAddr) {
-    use std::io::BufRead;
-    let mut child = nfsrdmad(args)
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("start nfsrdmad");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read stdout");
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    (child, addr)
 }
 
 #[test]
@@ -218,11 +185,15 @@ fn null_flag_makes_a_null_export_and_refuses_a_state_file() {
 /// `--versions` picks the NFS versions served and `--lease` the NFSv4
 /// lease; bad values are refused by name.
 #[test]
-fn versions_and_lease_flags() {
+fn versions_lease_and_grace_flags() {
     for (args, says) in [
         (&["--versions", "4.0"][..], "NFSv4.0 is not served"),
         (&["--versions", "3,5"][..], "unknown NFS version \"5\""),
         (&["--lease", "5"][..], "--lease must be between 10 and 3600"),
+        (
+            &["--grace", "3601"][..],
+            "--grace must be between 0 and 3600",
+        ),
     ] {
         let (ok, err) = run(args);
         assert!(!ok, "{args:?} accepted");

@@ -6,6 +6,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
+use common::nfs4::*;
 use common::*;
 use nfsrdma_server::tcp::TcpConfig;
 use nfsrdma_xdr::nfs3::{self, Data};
@@ -16,191 +17,6 @@ use nfsrdma_xdr::{BoundedVec, Decoder, Payload, Xdr};
 use std::time::Duration;
 
 const EXPORTS: &str = "/export *(rw,no_root_squash,insecure)";
-
-/// A client with one session.
-struct V4 {
-    c: RawClient,
-    clientid: u64,
-    sid: SessionId4,
-    seq: Vec<u32>,
-    owner: &'static str,
-}
-
-fn compound(c: &mut RawClient, minor: u32, tag: &str, ops: Vec<ArgOp>) -> Compound4Res {
-    let a = Compound4Args {
-        tag: Utf8Str(Bytes::copy_from_slice(tag.as_bytes())),
-        minorversion: minor,
-        ops,
-    };
-    let mut b = BytesMut::new();
-    a.encode(&mut b);
-    let (h, mut d) = c.call(PROGRAM, VERSION, PROC_COMPOUND, &b);
-    assert_success(&h);
-    let r = Compound4Res::decode(&mut d).unwrap();
-    d.finish("COMPOUND4res").unwrap();
-    r
-}
-
-fn fore() -> ChannelAttrs4 {
-    ChannelAttrs4 {
-        headerpadsize: 0,
-        maxrequestsize: 1 << 20,
-        maxresponsesize: 1 << 20,
-        maxresponsesize_cached: 8192,
-        maxoperations: 16,
-        maxrequests: 8,
-        rdma_ird: BoundedVec(vec![]),
-    }
-}
-
-fn exchange_id(owner: &str, verifier: u8) -> ArgOp {
-    ArgOp::ExchangeId(ExchangeIdArgs {
-        clientowner: ClientOwner4 {
-            verifier: [verifier; 8],
-            ownerid: Opaque4(Bytes::copy_from_slice(owner.as_bytes())),
-        },
-        flags: 0,
-        state_protect: StateProtectA::None,
-        client_impl_id: BoundedVec(vec![]),
-    })
-}
-
-fn create_session(clientid: u64, sequence: u32) -> ArgOp {
-    ArgOp::CreateSession(CreateSessionArgs {
-        clientid,
-        sequence,
-        flags: session_flags::CONN_BACK_CHAN,
-        fore_chan_attrs: fore(),
-        back_chan_attrs: fore(),
-        cb_program: 0x4000_0000,
-        sec_parms: BoundedVec(vec![CallbackSecParms::None]),
-    })
-}
-
-fn ok<T: std::fmt::Debug>(r: &Res<T>) -> &T {
-    match r {
-        Ok(v) => v,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-impl V4 {
-    fn new(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
-        let mut c = RawClient::connect(addr);
-        let r = compound(&mut c, 1, "eid", vec![exchange_id(owner, 1)]);
-        let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
-            panic!("{r:?}");
-        };
-        assert_eq!(
-            e.flags & exchgid::CONFIRMED_R,
-            0,
-            "a new record is unconfirmed"
-        );
-        let (clientid, seq) = (e.clientid, e.sequenceid);
-        let r = compound(&mut c, 1, "cs", vec![create_session(clientid, seq)]);
-        let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
-            panic!("{r:?}");
-        };
-        assert_eq!(
-            s.flags & session_flags::CONN_BACK_CHAN,
-            0,
-            "no backchannel is granted"
-        );
-        assert_eq!(s.fore_chan_attrs.maxrequests, 8);
-        V4 {
-            c,
-            clientid,
-            sid: s.sessionid,
-            seq: vec![0; 8],
-            owner,
-        }
-    }
-
-    fn seq_op(&mut self, slot: u32, cachethis: bool) -> ArgOp {
-        self.seq[slot as usize] += 1;
-        ArgOp::Sequence(SequenceArgs {
-            sessionid: self.sid,
-            sequenceid: self.seq[slot as usize],
-            slotid: slot,
-            highest_slotid: 7,
-            cachethis,
-        })
-    }
-
-    /// SEQUENCE (slot 0, reply not cached) and `ops`, minor version 2.
-    fn run(&mut self, ops: Vec<ArgOp>) -> Compound4Res {
-        self.run_cached(ops, false)
-    }
-
-    fn run_cached(&mut self, ops: Vec<ArgOp>, cachethis: bool) -> Compound4Res {
-        let mut all = vec![self.seq_op(0, cachethis)];
-        all.extend(ops);
-        let r = compound(&mut self.c, 2, "t", all);
-        assert!(
-            ok(match &r.results[0] {
-                ResOp::Sequence(s) => s,
-                other => panic!("{other:?}"),
-            })
-            .status_flags
-                & seq_status::CB_PATH_DOWN
-                != 0
-        );
-        r
-    }
-
-    fn open(&mut self, name: &str, create: bool) -> (Stateid4, Fh4) {
-        let how = create.then(|| CreateHow4::Unchecked(SetAttrs::default().to_fattr()));
-        let r = self.run(vec![
-            ArgOp::Putrootfh,
-            ArgOp::Lookup("export".into()),
-            ArgOp::Open(OpenArgs {
-                seqid: 0,
-                share_access: share::ACCESS_BOTH,
-                share_deny: 0,
-                owner: StateOwner4 {
-                    clientid: self.clientid,
-                    owner: Opaque4(Bytes::from_static(self.owner.as_bytes())),
-                },
-                openhow: how,
-                claim: OpenClaim4::Null(Utf8Str(Bytes::copy_from_slice(name.as_bytes()))),
-            }),
-            ArgOp::Getfh,
-        ]);
-        assert_eq!(r.status, Status::OK, "{r:?}");
-        let ResOp::Open(Ok(o)) = &r.results[3] else {
-            panic!("{r:?}")
-        };
-        let ResOp::Getfh(Ok(fh)) = &r.results[4] else {
-            panic!("{r:?}")
-        };
-        (o.stateid, fh.clone())
-    }
-
-    fn lock(&mut self, fh: &Fh4, open: Stateid4, offset: u64, length: u64) -> LockRes<Stateid4> {
-        let r = self.run(vec![
-            ArgOp::Putfh(fh.clone()),
-            ArgOp::Lock(LockArgs {
-                locktype: LockType4::Write,
-                reclaim: false,
-                offset,
-                length,
-                locker: Locker4::New(OpenToLockOwner {
-                    open_seqid: 0,
-                    open_stateid: open,
-                    lock_seqid: 0,
-                    lock_owner: StateOwner4 {
-                        clientid: self.clientid,
-                        owner: Opaque4(Bytes::from_static(b"lock owner")),
-                    },
-                }),
-            }),
-        ]);
-        match r.results.last() {
-            Some(ResOp::Lock(l)) => l.clone(),
-            other => panic!("{other:?}"),
-        }
-    }
-}
 
 #[test]
 fn minor_version_zero_is_a_mismatch_with_the_tag_echoed() {
@@ -768,4 +584,173 @@ fn nfsv42_copy_seek_allocate_and_deallocate() {
         Decoder::new(a.attr_vals.0.clone()).u64("size").unwrap(),
         400_000
     );
+}
+
+/// OPEN of the file `fh` names, with `claim` (CLAIM_PREVIOUS or CLAIM_FH).
+fn open_fh(v: &mut V4, fh: &Fh4, claim: OpenClaim4) -> Compound4Res {
+    let owner = Opaque4(Bytes::from_static(v.owner.as_bytes()));
+    let clientid = v.clientid;
+    v.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Open(OpenArgs {
+            seqid: 0,
+            share_access: share::ACCESS_BOTH,
+            share_deny: 0,
+            owner: StateOwner4 { clientid, owner },
+            openhow: None,
+            claim,
+        }),
+    ])
+}
+
+/// LOCK of `[offset, offset + length)` in `fh` for `open`, reclaimed or
+/// new.
+fn lock_as(v: &mut V4, fh: &Fh4, open: Stateid4, reclaim: bool, offset: u64) -> LockRes<Stateid4> {
+    let clientid = v.clientid;
+    let r = v.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Lock(LockArgs {
+            locktype: LockType4::Write,
+            reclaim,
+            offset,
+            length: 100,
+            locker: Locker4::New(OpenToLockOwner {
+                open_seqid: 0,
+                open_stateid: open,
+                lock_seqid: 0,
+                lock_owner: StateOwner4 {
+                    clientid,
+                    owner: Opaque4(Bytes::from_static(b"lock owner")),
+                },
+            }),
+        }),
+    ]);
+    match r.results.last() {
+        Some(ResOp::Lock(l)) => l.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn reclaim_complete(v: &mut V4) -> Status {
+    v.run(vec![ArgOp::ReclaimComplete(false)]).status
+}
+
+/// Stops nfsrdmad as an administrator would (SIGTERM: it saves its state).
+fn stop(mut child: std::process::Child) {
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+    let st = child.wait().expect("wait");
+    assert!(st.success(), "nfsrdmad exited with {st}");
+}
+
+#[test]
+fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
+    let dir = std::env::temp_dir().join(format!("nfsrdmad-grace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let state_s = state.to_str().unwrap();
+    let args = [
+        "--no-rdma",
+        "--state",
+        state_s,
+        "--lease",
+        "10",
+        "--grace",
+        "120",
+    ];
+    let (child, addr) = serving(&args, std::process::Stdio::null());
+    // A opens a file and locks a range; B opens another file and holds
+    // nothing else; D has no state and is not to be let reclaim.
+    let mut a = V4::new(addr, "client a");
+    let (sa, fha) = a.open("a-file", true);
+    assert!(matches!(
+        lock_as(&mut a, &fha, sa, false, 0),
+        LockRes::Ok(_)
+    ));
+    let mut b = V4::new(addr, "client b");
+    let (_, fhb) = b.open("b-file", true);
+    let _d = V4::new(addr, "client d");
+    stop(child);
+
+    let (child, addr) = serving(&args, std::process::Stdio::null());
+    // A's old session and client id are gone: BADSESSION, then
+    // STALE_CLIENTID, as a client learns of a restart.
+    let s = a.seq_op(0, false);
+    let mut c0 = RawClient::connect(addr);
+    assert_eq!(compound(&mut c0, 2, "", vec![s]).status, Status::BADSESSION);
+    let r = compound(&mut c0, 1, "", vec![create_session(a.clientid, 2)]);
+    assert_eq!(r.status, Status::STALE_CLIENTID);
+    // A comes back (same owner and verifier) and reclaims its open, by the
+    // handle it had, and its lock.
+    let mut a = V4::new(addr, "client a");
+    let r = open_fh(&mut a, &fha, OpenClaim4::Previous(0));
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let ResOp::Open(Ok(o)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert!(matches!(
+        lock_as(&mut a, &fha, o.stateid, true, 0),
+        LockRes::Ok(_)
+    ));
+    // A client the previous instance did not know (or knew without state)
+    // cannot reclaim, and neither it nor anyone opens, locks, removes or
+    // renames anew meanwhile.
+    let mut d = V4::new(addr, "client d");
+    let r = open_fh(&mut d, &fhb, OpenClaim4::Previous(0));
+    assert_eq!(r.status, Status::RECLAIM_BAD, "{r:?}");
+    let r = open_fh(&mut d, &fhb, OpenClaim4::Fh);
+    assert_eq!(r.status, Status::GRACE, "{r:?}");
+    let r = d.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Lookup("export".into()),
+        ArgOp::Remove("a-file".into()),
+    ]);
+    assert_eq!(r.status, Status::GRACE, "{r:?}");
+    let r = open_fh(&mut a, &fhb, OpenClaim4::Fh);
+    assert_eq!(
+        r.status,
+        Status::GRACE,
+        "even a reclaiming client waits for new opens"
+    );
+    // Once A says RECLAIM_COMPLETE its reclaims are over; the grace period
+    // goes on while B has not said it.
+    assert_eq!(reclaim_complete(&mut a), Status::OK);
+    assert_eq!(reclaim_complete(&mut a), Status::COMPLETE_ALREADY);
+    let r = open_fh(&mut a, &fha, OpenClaim4::Previous(0));
+    assert_eq!(r.status, Status::NO_GRACE, "{r:?}");
+    let r = open_fh(&mut d, &fhb, OpenClaim4::Fh);
+    assert_eq!(r.status, Status::GRACE, "{r:?}");
+    // B reclaims nothing and says RECLAIM_COMPLETE: every client of the
+    // previous instance is done, so the period ends before its 120 s.
+    let mut b = V4::new(addr, "client b");
+    assert_eq!(reclaim_complete(&mut b), Status::OK);
+    let r = open_fh(&mut d, &fha, OpenClaim4::Fh);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let ResOp::Open(Ok(od)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    // A's reclaimed lock holds against D.
+    match lock_as(&mut d, &fha, od.stateid, false, 50) {
+        LockRes::Denied(den) => assert_eq!((den.offset, den.owner.clientid), (0, a.clientid)),
+        other => panic!("{other:?}"),
+    }
+    let r = open_fh(&mut b, &fhb, OpenClaim4::Previous(0));
+    assert_eq!(r.status, Status::NO_GRACE, "{r:?}");
+    stop(child);
+
+    // A third start: A and D hold state, so both may reclaim; with
+    // --grace 0 there is no grace period and a reclaim is refused.
+    let args0 = ["--no-rdma", "--state", state_s, "--grace", "0"];
+    let (child, addr) = serving(&args0, std::process::Stdio::null());
+    let mut a = V4::new(addr, "client a");
+    let r = open_fh(&mut a, &fha, OpenClaim4::Previous(0));
+    assert_eq!(r.status, Status::NO_GRACE, "{r:?}");
+    let r = open_fh(&mut a, &fha, OpenClaim4::Fh);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,7 +3,8 @@
 //! 4.2); the same file-system workload through each mount and through the
 //! kernel nfsd's NFSv4.2 mount as the control; data written over NFSv3
 //! read over NFSv4.2 and back; whole-file locks contended by two
-//! processes.
+//! processes; a restart with `--state` during an open, locked file,
+//! which the client reclaims in the grace period.
 //!
 //! Ignored on the host (it needs root, rdma_rxe and the kernel NFS
 //! modules); `scripts/test-vm` runs it inside the VM.
@@ -11,6 +12,9 @@
 mod common;
 
 use common::kernel::{addr, reset_nfs_services, sh, Daemon};
+use common::nfs4::V4;
+use nfsrdma_xdr::nfs4::ops::LocktArgs;
+use nfsrdma_xdr::nfs4::{ArgOp, LockType4, Opaque4, StateOwner4, Status};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -300,4 +304,108 @@ fn kernel_client_mounts_nfsv41_and_nfsv42_over_tcp_and_rdma() {
             assert_eq!(x, y, "nfsrdmad and kernel nfsd disagree");
         }
     }
+}
+
+/// LOCKT of all of /export/held for a write lock, from `v`: its status,
+/// after waiting out NFS4ERR_GRACE (up to 120 s), and the seconds waited.
+fn lockt(v: &mut V4) -> (Status, u64) {
+    let start = std::time::Instant::now();
+    loop {
+        let clientid = v.clientid;
+        let r = v.run(vec![
+            ArgOp::Putrootfh,
+            ArgOp::Lookup("export".into()),
+            ArgOp::Lookup("held".into()),
+            ArgOp::Lockt(LocktArgs {
+                locktype: LockType4::Write,
+                offset: 0,
+                length: u64::MAX,
+                owner: StateOwner4 {
+                    clientid,
+                    owner: Opaque4(bytes::Bytes::from_static(b"tester")),
+                },
+            }),
+        ]);
+        if r.status != Status::GRACE || start.elapsed().as_secs() > 120 {
+            return (r.status, start.elapsed().as_secs());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// Waits up to `secs` for `path` to exist.
+fn wait_for(path: &str, secs: u64) -> bool {
+    for _ in 0..secs * 10 {
+        if Path::new(path).exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn kernel_client_reclaims_its_open_and_lock_after_a_restart_with_state() {
+    common::kernel::in_vm(&["nfsv4"]);
+    let a = addr();
+    let state = "/tmp/v4-restart.state";
+    let _ = std::fs::remove_file(state);
+    let flags = ["--state", state, "--lease", "15", "--grace", "60"];
+    let d = Daemon::start(&flags);
+    mount(
+        &format!("{a}:/export"),
+        "/mnt/v4r",
+        "vers=4.2,proto=rdma,port=20049",
+    );
+    for f in ["/tmp/r-held", "/tmp/r-go", "/tmp/r-wrote", "/tmp/r-done"] {
+        let _ = std::fs::remove_file(f);
+    }
+    // A process opens a file, locks it whole, writes, and waits; after the
+    // restart it writes again through the same descriptor and keeps the
+    // lock until told to finish.
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "exec 9>>/mnt/v4r/held; flock -x 9 || exit 3; echo before >&9 || exit 4; \
+             touch /tmp/r-held; while [ ! -e /tmp/r-go ]; do sleep 0.2; done; \
+             echo after >&9 || exit 5; touch /tmp/r-wrote; \
+             while [ ! -e /tmp/r-done ]; do sleep 0.2; done",
+        )
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for("/tmp/r-held", 300),
+        "the holder never got its lock"
+    );
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
+    let d = Daemon::start(&flags);
+    std::fs::write("/tmp/r-go", b"").unwrap();
+    assert!(
+        wait_for("/tmp/r-wrote", 600),
+        "the holder's write after the restart did not finish"
+    );
+    // The lock was reclaimed on the server: another NFSv4 client (a raw
+    // one over TCP; a second process on this client would be stopped by
+    // the client's own lock table) is denied it, and gets it once the
+    // holder is gone.
+    let tester: std::net::SocketAddr = format!("{a}:2049").parse().unwrap();
+    let mut other = V4::new(tester, "another client");
+    let (held, _) = lockt(&mut other);
+    assert_eq!(held, Status::DENIED, "the lock was lost in the restart");
+    std::fs::write("/tmp/r-done", b"").unwrap();
+    assert!(holder.wait().unwrap().success(), "the holder failed");
+    let (free, waited) = lockt(&mut other);
+    assert_eq!(free, Status::OK, "the lock was not released");
+    eprintln!("LOCKT waited out the grace period for {waited} s");
+    sh("echo 3 > /proc/sys/vm/drop_caches");
+    assert_eq!(
+        std::fs::read_to_string("/mnt/v4r/held").unwrap(),
+        "before\nafter\n"
+    );
+    sh("timeout 60 umount /mnt/v4r");
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
+    let _ = std::fs::remove_file(state);
 }

@@ -102,6 +102,12 @@ struct Args {
     /// longer is dropped (10..=3600) [default: 90].
     #[arg(long, value_name = "SECS")]
     lease: Option<u64>,
+    /// Seconds of the NFSv4 grace period after a restart with --state: the
+    /// clients of the previous instance reclaim their opens and locks, new
+    /// opens and locks wait (0..=3600; 0: none, reclaims are refused)
+    /// [default: the lease].
+    #[arg(long, value_name = "SECS")]
+    grace: Option<u64>,
 }
 
 /// The TOML configuration: the same settings as the flags.
@@ -128,6 +134,7 @@ struct Config {
     state: Option<PathBuf>,
     versions: Option<String>,
     lease: Option<u64>,
+    grace: Option<u64>,
 }
 
 fn parse_size(s: &str) -> Result<u64> {
@@ -290,6 +297,12 @@ fn start() -> Result<()> {
         }
         service_config.nfs4.lease = std::time::Duration::from_secs(l);
     }
+    if let Some(g) = args.grace.or(cfg.grace) {
+        if g > 3600 {
+            bail!("--grace must be between 0 and 3600 seconds (got {g})");
+        }
+        service_config.nfs4.grace = Some(std::time::Duration::from_secs(g));
+    }
     let addr = args
         .tcp
         .or(cfg.tcp)
@@ -360,6 +373,7 @@ fn start() -> Result<()> {
             e.path
         );
     }
+    let mut reclaimers = Vec::new();
     if let Some(path) = &state {
         let source =
             |d: &Option<Arc<RdmaDevice>>| -> Box<dyn nfsrdma_server::store::blocks::BlockSource> {
@@ -368,14 +382,14 @@ fn start() -> Result<()> {
                     None => Box::new(nfsrdma_server::store::blocks::HeapSource),
                 }
             };
-        let (loaded, dropped) =
-            nfsrdma_server::state::load(path, &mut exports, &|| source(&device))?;
-        for p in &loaded {
+        let l = nfsrdma_server::state::load(path, &mut exports, &|| source(&device))?;
+        for p in &l.exports {
             tracing::info!(path = %p, state = %path.display(), "export loaded from the state file");
         }
-        for p in &dropped {
+        for p in &l.dropped {
             tracing::warn!(path = %p, "the state file has an export that is no longer configured; it is dropped");
         }
+        reclaimers = l.nfs4_clients;
     }
     let rdma = device.map(|d| (rdma, d));
     for e in &exports {
@@ -385,6 +399,18 @@ fn start() -> Result<()> {
         }
     }
     let service = Arc::new(Service::new(exports, service_config));
+    if service.config().nfs4.enabled() && !reclaimers.is_empty() {
+        let grace = service.config().nfs4.grace();
+        tracing::info!(
+            seconds = grace.as_secs(),
+            clients = reclaimers.len(),
+            "NFSv4 grace period: the clients of the previous instance reclaim their opens and locks"
+        );
+        service
+            .nfs4()
+            .state
+            .start_grace(reclaimers, grace, std::time::Instant::now());
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -393,7 +419,12 @@ fn start() -> Result<()> {
     let metrics = args.metrics.or(cfg.metrics);
     rt.block_on(run(service.clone(), addr, tcp, use_rpcbind, rdma, metrics))?;
     if let Some(path) = &state {
-        nfsrdma_server::state::save(path, service.exports())
+        let reclaimers = if service.config().nfs4.enabled() {
+            service.nfs4().state.reclaimers(std::time::Instant::now())
+        } else {
+            Vec::new()
+        };
+        nfsrdma_server::state::save(path, service.exports(), &reclaimers)
             .with_context(|| format!("saving the state to {}", path.display()))?;
         tracing::info!(state = %path.display(), "stores saved");
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod kernel;
+pub mod nfs4;
 
 use bytes::{Bytes, BytesMut};
 use nfsrdma_server::exports::Exports;
@@ -186,4 +187,42 @@ pub fn accept_stat(h: &RpcMessage) -> Option<AcceptStat> {
 
 pub fn assert_success(h: &RpcMessage) {
     assert_eq!(accept_stat(h), Some(AcceptStat::Success), "{h:?}");
+}
+
+/// nfsrdmad exporting /export on a free loopback port, with `args`.
+pub fn nfsrdmad(args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_nfsrdmad"));
+    c.args([
+        "--export",
+        "/export",
+        "--tcp",
+        "127.0.0.1:0",
+        "--no-rpcbind",
+    ])
+    .args(args);
+    c
+}
+
+/// nfsrdmad with `args`, running: the child and the TCP address it printed.
+pub fn serving(
+    args: &[&str],
+    stderr: std::process::Stdio,
+) -> (std::process::Child, std::net::SocketAddr) {
+    use std::io::BufRead;
+    let mut child = nfsrdmad(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("start nfsrdmad");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read stdout");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (child, addr)
 }

@@ -32,6 +32,9 @@ pub struct Nfs4Config {
     pub v42: bool,
     /// The lease every client gets.
     pub lease: Duration,
+    /// The grace period after a restart with state: how long the clients
+    /// of the previous instance have to reclaim (`None`: one lease).
+    pub grace: Option<Duration>,
 }
 
 impl Default for Nfs4Config {
@@ -40,6 +43,7 @@ impl Default for Nfs4Config {
             v41: true,
             v42: true,
             lease: Duration::from_secs(90),
+            grace: None,
         }
     }
 }
@@ -48,6 +52,11 @@ impl Nfs4Config {
     /// Whether any minor version is on.
     pub fn enabled(&self) -> bool {
         self.v41 || self.v42
+    }
+
+    /// The grace period's length.
+    pub fn grace(&self) -> Duration {
+        self.grace.unwrap_or(self.lease)
     }
 }
 

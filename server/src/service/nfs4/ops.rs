@@ -2,7 +2,7 @@
 
 use super::attrs::{self, Limits, Source};
 use super::pseudo::{Child, Pseudo};
-use super::state::OpenRequest;
+use super::state::{Claim, OpenRequest};
 use super::{Cx, Fh};
 use crate::exports::ExportOptions;
 use crate::service::{Export, Service};
@@ -14,6 +14,7 @@ use nfsrdma_xdr::nfs4::{
     Linktext4, ResOp, StableHow4, Stateid4, Status,
 };
 use nfsrdma_xdr::{BoundedVec, List, Payload};
+use std::time::Instant;
 
 type R<T> = Result<T, Status>;
 
@@ -518,10 +519,22 @@ impl Service {
         })
     }
 
+    /// REMOVE and RENAME wait out the grace period (NFS4ERR_GRACE), as
+    /// on the Linux nfsd: they could take away a name whose file a client
+    /// is still to reclaim.
+    fn no_grace(&self) -> R<()> {
+        if self.nfs4.state.in_grace(Instant::now()) {
+            Err(Status::GRACE)
+        } else {
+            Ok(())
+        }
+    }
+
     fn remove4(&self, cx: &Cx, name: &Component4) -> R<ChangeInfo4> {
         let (t, dir) = self.cur_dir(cx)?;
         check_name(name)?;
         t.writable()?;
+        self.no_grace()?;
         let mut fs = t.ex.store.write();
         let before = fs.change(dir).map_err(st)?;
         let target = fs.lookup(dir, name, &t.cred).map_err(st)?;
@@ -555,6 +568,7 @@ impl Service {
         check_name(&a.oldname)?;
         check_name(&a.newname)?;
         t.writable()?;
+        self.no_grace()?;
         let mut fs = t.ex.store.write();
         let (fb, tb) = (fs.change(from).map_err(st)?, fs.change(to).map_err(st)?);
         fs.rename(from, &a.oldname, to, &a.newname, &t.cred)
@@ -738,12 +752,15 @@ impl Service {
             return Err(Status::INVAL);
         }
         let (t, cur) = self.cur_file(cx, Status::ROFS)?;
-        let (name, dir) = match &a.claim {
-            OpenClaim4::Null(name) => (Some(name), cur),
-            OpenClaim4::Fh => (None, cur),
-            OpenClaim4::Previous(_) => return Err(Status::NO_GRACE),
+        let (name, dir, claim) = match &a.claim {
+            OpenClaim4::Null(name) => (Some(name), cur, Claim::New),
+            OpenClaim4::Fh => (None, cur, Claim::New),
+            // The file itself is the current filehandle; no delegation
+            // was ever granted, so none is reclaimed.
+            OpenClaim4::Previous(_) => (None, cur, Claim::Reclaim),
             _ => return Err(Status::NOTSUPP),
         };
+        self.nfs4.state.check_claim(client, claim, Instant::now())?;
         if a.openhow.is_some() && name.is_none() {
             return Err(Status::INVAL);
         }
@@ -884,8 +901,13 @@ impl Service {
             Ok(v) => v,
             Err(e) => return LockRes::Err(e),
         };
-        if a.reclaim {
-            return LockRes::Err(Status::NO_GRACE);
+        let claim = if a.reclaim {
+            Claim::Reclaim
+        } else {
+            Claim::New
+        };
+        if let Err(e) = self.nfs4.state.check_claim(client, claim, Instant::now()) {
+            return LockRes::Err(e);
         }
         let r = match &a.locker {
             Locker4::New(o) => match cx.sid(&o.open_stateid) {
@@ -923,6 +945,13 @@ impl Service {
             Ok(v) => v,
             Err(e) => return LockRes::Err(e),
         };
+        if let Err(e) = self
+            .nfs4
+            .state
+            .check_claim(client, Claim::New, Instant::now())
+        {
+            return LockRes::Err(e);
+        }
         match self.nfs4.state.test_lock(
             client,
             file,

@@ -1,6 +1,8 @@
 //! NFSv4.1 state (RFC 8881): client records (EXCHANGE_ID), sessions with
 //! their slot tables and reply caches (CREATE_SESSION, SEQUENCE), leases,
-//! opens with their share reservations, and byte-range locks.
+//! opens with their share reservations, byte-range locks, and the grace
+//! period after a restart (RFC 8881 §8.4.2): the clients of the previous
+//! instance reclaim their opens and locks, new ones wait.
 //!
 //! Everything here is behind one mutex held for a few map operations at a
 //! time, never across a store operation.
@@ -11,7 +13,7 @@ use nfsrdma_xdr::nfs4::ops::{ChannelAttrs4, LockDenied};
 use nfsrdma_xdr::nfs4::{
     share, Compound4Res, LockType4, Opaque4, SessionId4, StateOwner4, Stateid4, Status,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -68,6 +70,9 @@ struct Client {
     cs_reply: Option<nfsrdma_xdr::nfs4::ops::CreateSessionResOk>,
     renewed: Instant,
     reclaim_complete: bool,
+    /// A client of the previous instance (its owner is in the grace
+    /// period's list): it may reclaim until its RECLAIM_COMPLETE.
+    may_reclaim: bool,
 }
 
 /// The kind of a stateid.
@@ -107,6 +112,28 @@ struct Tables {
     locks: HashMap<FileKey, Vec<Range>>,
     next: u64,
     last_sweep: Option<Instant>,
+    grace: Option<Grace>,
+}
+
+/// The grace period after a restart.
+struct Grace {
+    /// When it ends at the latest.
+    until: Instant,
+    /// Owners of the previous instance's clients that have not yet said
+    /// RECLAIM_COMPLETE; the period ends early when none is left.
+    waiting: HashSet<Bytes>,
+}
+
+/// Whether OPEN and LOCK reclaim, or ask anew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// A new open or lock: refused with NFS4ERR_GRACE during the grace
+    /// period.
+    New,
+    /// A reclaim (CLAIM_PREVIOUS, `reclaim` LOCK): allowed only during the
+    /// grace period, from a client of the previous instance that has not
+    /// said RECLAIM_COMPLETE.
+    Reclaim,
 }
 
 /// The server's NFSv4.1 state.
@@ -194,6 +221,78 @@ impl State4 {
         self.boot
     }
 
+    // ---- the grace period ------------------------------------------------------
+
+    /// Starts a grace period of `length` for the clients of the previous
+    /// instance, named by their owners (from the state file). Without
+    /// such clients, or with a zero length, there is none.
+    pub fn start_grace(&self, owners: Vec<Bytes>, length: Duration, now: Instant) {
+        let mut t = self.lock();
+        t.grace = (!owners.is_empty() && !length.is_zero()).then(|| Grace {
+            until: now + length,
+            waiting: owners.into_iter().collect(),
+        });
+    }
+
+    /// Whether the grace period is on at `now` (ending it if its time is up
+    /// or every client it waited for has said RECLAIM_COMPLETE).
+    pub fn in_grace(&self, now: Instant) -> bool {
+        grace_on(&mut self.lock(), now)
+    }
+
+    /// Seconds left of the grace period and the clients it still waits
+    /// for, if it is on.
+    pub fn grace_left(&self, now: Instant) -> Option<(Duration, usize)> {
+        let mut t = self.lock();
+        grace_on(&mut t, now).then(|| {
+            let g = t.grace.as_ref().expect("on");
+            (g.until - now, g.waiting.len())
+        })
+    }
+
+    /// NFS4ERR_GRACE for a new open or lock while the grace period is on
+    /// (and for REMOVE and RENAME, which could take a name a reclaim
+    /// needs); for a reclaim, NFS4ERR_NO_GRACE outside it or once the
+    /// client said RECLAIM_COMPLETE, NFS4ERR_RECLAIM_BAD from a client
+    /// the previous instance did not know.
+    pub fn check_claim(&self, client: u64, claim: Claim, now: Instant) -> Result<(), Status> {
+        let mut t = self.lock();
+        let on = grace_on(&mut t, now);
+        match claim {
+            Claim::New if on => Err(Status::GRACE),
+            Claim::New => Ok(()),
+            Claim::Reclaim => {
+                let c = t.clients.get(&client).ok_or(Status::STALE_CLIENTID)?;
+                if !on || c.reclaim_complete {
+                    Err(Status::NO_GRACE)
+                } else if !c.may_reclaim {
+                    Err(Status::RECLAIM_BAD)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// The owners a restart must let reclaim: every confirmed client with
+    /// opens or locks, and those the grace period still waits for (a
+    /// restart during it keeps them).
+    pub fn reclaimers(&self, now: Instant) -> Vec<Bytes> {
+        let mut t = self.lock();
+        let mut owners: HashSet<Bytes> = HashSet::new();
+        if grace_on(&mut t, now) {
+            owners.extend(t.grace.as_ref().expect("on").waiting.iter().cloned());
+        }
+        for (id, c) in &t.clients {
+            if c.confirmed && t.states.values().any(|s| s.client == *id) {
+                owners.insert(c.owner.clone());
+            }
+        }
+        let mut v: Vec<Bytes> = owners.into_iter().collect();
+        v.sort();
+        v
+    }
+
     /// Drops every client whose lease ran out, with its sessions, opens
     /// and locks (at most once a second; called at every COMPOUND).
     pub fn sweep(&self, now: Instant) {
@@ -269,6 +368,10 @@ impl State4 {
                 t.clients.remove(id);
             }
         }
+        let may_reclaim = grace_on(&mut t, now)
+            && t.grace
+                .as_ref()
+                .is_some_and(|g| g.waiting.contains(&owner.0));
         t.next += 1;
         let id = (u64::from(self.boot) << 32) | (t.next & 0xffff_ffff);
         t.clients.insert(
@@ -282,6 +385,7 @@ impl State4 {
                 cs_reply: None,
                 renewed: now,
                 reclaim_complete: false,
+                may_reclaim,
             },
         );
         Ok((id, 1, false))
@@ -408,6 +512,12 @@ impl State4 {
             return Err(Status::COMPLETE_ALREADY);
         }
         c.reclaim_complete = true;
+        let owner = c.owner.clone();
+        if let Some(g) = t.grace.as_mut() {
+            if g.waiting.remove(&owner) && g.waiting.is_empty() {
+                tracing::info!("NFSv4 grace period over: every client reclaimed");
+            }
+        }
         Ok(())
     }
 
@@ -953,6 +1063,23 @@ fn remove_state(t: &mut Tables, other: &[u8; 12]) {
                 t.locks.remove(&e.file);
             }
         }
+    }
+}
+
+fn grace_on(t: &mut Tables, now: Instant) -> bool {
+    match &t.grace {
+        Some(g) if now < g.until && !g.waiting.is_empty() => true,
+        Some(g) => {
+            if !g.waiting.is_empty() {
+                tracing::info!(
+                    unreclaimed = g.waiting.len(),
+                    "NFSv4 grace period over: clients that did not reclaim lost their state"
+                );
+            }
+            t.grace = None;
+            false
+        }
+        None => false,
     }
 }
 
