@@ -6,7 +6,7 @@
 //! `cargo bench -p nfsrdma-server --bench metrics`
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use nfsrdma_server::service::metrics::{CallClass, Metrics, SizeClass, Transport};
+use nfsrdma_server::service::metrics::{CallClass, Metrics, Procedure, SizeClass, Transport};
 use nfsrdma_xdr::nfs3::{NfsProc3, NfsStat3};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 fn bench(c: &mut Criterion) {
     let m = Metrics::new();
     let read4k = CallClass {
-        proc_: NfsProc3::Read,
+        proc_: Procedure::V3(NfsProc3::Read),
         size: SizeClass::UpTo4K,
     };
     let mut ns = 0u64;

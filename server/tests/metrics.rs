@@ -234,3 +234,83 @@ fn other_requests_get_the_error_that_names_them() {
     // The endpoint still serves.
     scrape(d.metrics);
 }
+
+#[test]
+fn nfsv4_compounds_are_counted_by_operation_and_main_operation() {
+    use bytes::Bytes;
+    use common::nfs4::V4;
+    use nfsrdma_xdr::nfs4::ops::{ReadArgs, WriteArgs};
+    use nfsrdma_xdr::nfs4::{ArgOp, ResOp, StableHow4, Status};
+    use nfsrdma_xdr::Payload;
+    let d = start();
+    let before = scrape(d.metrics);
+    assert_eq!(value(&before, "nfsrdmad_nfs4_compounds_total"), None);
+    let mut v = V4::new(d.nfs, "metrics client");
+    let (sid, fh) = v.open("f", true);
+    // A 5000-byte WRITE (size class 16k), two 4 KiB READs, and a COMPOUND
+    // that fails at its LOOKUP.
+    let r = v.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Write(WriteArgs {
+            stateid: sid,
+            offset: 0,
+            stable: StableHow4::FileSync,
+            data: Data(Payload::from_parts([Bytes::from(vec![7u8; 5000])])),
+        }),
+        ArgOp::Getattr(Default::default()),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    for _ in 0..2 {
+        let r = v.run(vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Read(ReadArgs {
+                stateid: sid,
+                offset: 0,
+                count: 4096,
+            }),
+        ]);
+        assert!(matches!(&r.results[2], ResOp::Read(Ok(_))), "{r:?}");
+    }
+    let r = v.run(vec![ArgOp::Putrootfh, ArgOp::Lookup("missing".into())]);
+    assert_eq!(r.status, Status::NOENT);
+    let after = scrape(d.metrics);
+    // EXCHANGE_ID, CREATE_SESSION, the OPEN, the WRITE, two READs, the
+    // LOOKUP: 7 COMPOUNDs, one failed.
+    assert_eq!(value(&after, "nfsrdmad_nfs4_compounds_total"), Some(7.0));
+    assert_eq!(
+        value(&after, "nfsrdmad_nfs4_compound_errors_total"),
+        Some(1.0)
+    );
+    for (op, calls, errors) in [
+        ("SEQUENCE", 5.0, 0.0),
+        ("PUTFH", 3.0, 0.0),
+        ("READ", 2.0, 0.0),
+        ("WRITE", 1.0, 0.0),
+        ("OPEN", 1.0, 0.0),
+        ("LOOKUP", 2.0, 1.0),
+        ("EXCHANGE_ID", 1.0, 0.0),
+    ] {
+        let s = format!("nfsrdmad_nfs4_operations_total{{operation=\"{op}\"}}");
+        assert_eq!(value(&after, &s), Some(calls), "{s}");
+        let s = format!("nfsrdmad_nfs4_operation_errors_total{{operation=\"{op}\"}}");
+        assert_eq!(value(&after, &s), Some(errors), "{s}");
+    }
+    // Turnarounds under the main operation: the WRITE and READs by size,
+    // the OPEN COMPOUND (PUTROOTFH, LOOKUP, OPEN, GETFH) under LOOKUP.
+    for (op, size, n) in [
+        ("WRITE", "16k", 1.0),
+        ("READ", "4k", 2.0),
+        ("LOOKUP", "any", 2.0),
+        ("CREATE_SESSION", "any", 1.0),
+    ] {
+        let s = format!(
+            "nfsrdmad_nfs4_turnaround_seconds_count{{transport=\"tcp\",operation=\"{op}\",size=\"{size}\"}}"
+        );
+        assert_eq!(value(&after, &s), Some(n), "{s}\n{after}");
+    }
+    // NFSv3's series do not count them.
+    assert_eq!(
+        value(&after, "nfsrdmad_nfs_calls_total{procedure=\"READ\"}"),
+        None
+    );
+}

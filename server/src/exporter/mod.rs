@@ -8,7 +8,11 @@
 //! `nfs_service_seconds` (a histogram of the time a call spent in the
 //! service, from its decoded arguments to its reply); per transport,
 //! procedure and size class `turnaround_seconds` (from a call's arrival
-//! to its reply posted: the server's whole share of the call). The duplicate
+//! to its reply posted: the server's whole share of the call). NFSv4:
+//! `nfs4_compounds_total`, `nfs4_compound_errors_total`, per operation
+//! `nfs4_operations_total` and `nfs4_operation_errors_total`, and
+//! `nfs4_turnaround_seconds` per transport, main operation and size
+//! class (see `Procedure::of_compound`). The duplicate
 //! request cache and GARBAGE_ARGS; TCP (`tcp_*`) and RPC-over-RDMA
 //! (`rdma_*`) counters when that transport runs; per export (label
 //! `export`) the store's bytes and files, used and allowed, WRITE bytes
@@ -17,6 +21,7 @@
 pub mod http;
 
 use crate::rdma::RdmaStats;
+use crate::service::metrics::Procedure;
 use crate::service::Service;
 use crate::tcp::TcpStats;
 use hdrhistogram::Histogram;
@@ -164,20 +169,78 @@ impl Collector for Sources {
                 seconds(&mut h.encode_family(&labels)?, &m.service_time(*p))?;
             }
         }
-        let turnarounds = m.turnarounds();
-        if !turnarounds.is_empty() {
-            let mut h = e.encode_descriptor(
-                "turnaround_seconds",
-                "Time from a call's arrival (its receive completion over RDMA, its whole record over TCP) \
-                 to its reply posted (the reply's Send over RDMA, handed to the connection's writer over TCP), \
-                 by transport, procedure and size class (READ and WRITE: up to 4k, 16k, 64k, 256k, 1m; others: any)",
-                None,
-                MetricType::Histogram,
+        let (compounds, compound_errors) = m.compounds();
+        if compounds > 0 {
+            counter(
+                &mut e,
+                "nfs4_compounds",
+                "NFSv4 COMPOUNDs executed",
+                compounds,
             )?;
-            for (t, c, hist) in &turnarounds {
+            counter(
+                &mut e,
+                "nfs4_compound_errors",
+                "NFSv4 COMPOUNDs answered with a status other than NFS4_OK",
+                compound_errors,
+            )?;
+            let ops = m.operations();
+            let per_op = |f: &dyn Fn(&(u32, u64, u64)) -> u64| -> Vec<(String, u64)> {
+                ops.iter()
+                    .map(|o| (nfsrdma_xdr::nfs4::opnum::name(o.0).to_string(), f(o)))
+                    .collect()
+            };
+            labelled(
+                &mut e,
+                "nfs4_operations",
+                "NFSv4 operations executed, by operation",
+                MetricType::Counter,
+                "operation",
+                &per_op(&|o| o.1),
+            )?;
+            labelled(
+                &mut e,
+                "nfs4_operation_errors",
+                "NFSv4 operations answered with a status other than NFS4_OK, by operation",
+                MetricType::Counter,
+                "operation",
+                &per_op(&|o| o.2),
+            )?;
+        }
+        let turnarounds = m.turnarounds();
+        let (v3, v4): (Vec<_>, Vec<_>) = turnarounds
+            .iter()
+            .partition(|(_, c, _)| matches!(c.proc_, Procedure::V3(_)));
+        const ARRIVAL: &str = "Time from a call's arrival (its receive completion over RDMA, its whole record over TCP) \
+             to its reply posted (the reply's Send over RDMA, handed to the connection's writer over TCP)";
+        for (name, help, label, set) in [
+            (
+                "turnaround_seconds",
+                format!(
+                    "{ARRIVAL}, of NFSv3 and MOUNT calls, by transport, procedure and size class \
+                     (READ and WRITE: up to 4k, 16k, 64k, 256k, 1m; others: any)"
+                ),
+                "procedure",
+                v3,
+            ),
+            (
+                "nfs4_turnaround_seconds",
+                format!(
+                    "{ARRIVAL}, of NFSv4 COMPOUNDs, by transport, main operation (the first that is not \
+                     SEQUENCE or a filehandle operation) and size class (READ and WRITE: up to 4k, 16k, 64k, \
+                     256k, 1m; others: any)"
+                ),
+                "operation",
+                v4,
+            ),
+        ] {
+            if set.is_empty() {
+                continue;
+            }
+            let mut h = e.encode_descriptor(name, &help, None, MetricType::Histogram)?;
+            for (t, c, hist) in set {
                 let labels = [
                     ("transport", t.name()),
-                    ("procedure", c.proc_.name()),
+                    (label, c.proc_.name()),
                     ("size", c.size.name()),
                 ];
                 seconds(&mut h.encode_family(&labels)?, hist)?;

@@ -1,9 +1,12 @@
 //! Per-procedure counters and latency histograms: the service time of
-//! each procedure, and each call's turnaround on the server (from its
-//! arrival to its reply posted) by transport, procedure and size class.
+//! each NFSv3 procedure, calls and errors of each NFSv4 operation, and
+//! each call's turnaround on the server (from its arrival to its reply
+//! posted) by transport, procedure (an NFSv4 COMPOUND's: its main
+//! operation, see [`Procedure::of_compound`]) and size class.
 
 use hdrhistogram::Histogram;
 use nfsrdma_xdr::nfs3::{NfsProc3, NfsStat3};
+use nfsrdma_xdr::nfs4::{opnum, Status};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -85,12 +88,92 @@ impl SizeClass {
     }
 }
 
+/// What a call is counted under: an NFSv3 procedure, or an NFSv4
+/// operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Procedure {
+    /// An NFSv3 procedure.
+    V3(NfsProc3),
+    /// An NFSv4 operation, by number (numbers no operation has count as
+    /// ILLEGAL).
+    V4(u32),
+}
+
+/// Slots for NFSv4 operations: ILLEGAL (any number no operation has),
+/// then one per operation from ACCESS (3) to the last.
+const V4_SLOTS: usize = opnum::LAST as usize - 1;
+
+impl Procedure {
+    /// Every procedure and operation, in report order.
+    const SLOTS: usize = NfsProc3::ALL.len() + V4_SLOTS;
+
+    fn index(self) -> usize {
+        match self {
+            Procedure::V3(p) => p as usize,
+            Procedure::V4(op) => NfsProc3::ALL.len() + v4_slot(op),
+        }
+    }
+
+    fn from_index(i: usize) -> Procedure {
+        match i.checked_sub(NfsProc3::ALL.len()) {
+            None => Procedure::V3(NfsProc3::ALL[i]),
+            Some(slot) => Procedure::V4(v4_op(slot)),
+        }
+    }
+
+    /// The label value: the procedure's or operation's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Procedure::V3(p) => p.name(),
+            Procedure::V4(op) => opnum::name(op),
+        }
+    }
+
+    /// What a COMPOUND is counted under: its first operation that is not
+    /// SEQUENCE or one that only sets or saves a filehandle (so PUTFH,
+    /// READ, GETATTR is a READ and PUTFH, OPEN, GETFH, GETATTR an OPEN),
+    /// else its first operation (SEQUENCE alone renews a lease).
+    pub fn of_compound(ops: impl IntoIterator<Item = u32>) -> Procedure {
+        let mut first = None;
+        for op in ops {
+            first.get_or_insert(op);
+            if !matches!(
+                op,
+                opnum::SEQUENCE
+                    | opnum::PUTFH
+                    | opnum::PUTROOTFH
+                    | opnum::PUTPUBFH
+                    | opnum::SAVEFH
+                    | opnum::RESTOREFH
+                    | opnum::GETFH
+            ) {
+                return Procedure::V4(op);
+            }
+        }
+        Procedure::V4(first.unwrap_or(opnum::ILLEGAL))
+    }
+}
+
+fn v4_slot(op: u32) -> usize {
+    match op {
+        3..=opnum::LAST => op as usize - 2,
+        _ => 0,
+    }
+}
+
+fn v4_op(slot: usize) -> u32 {
+    match slot {
+        0 => opnum::ILLEGAL,
+        s => s as u32 + 2,
+    }
+}
+
 /// What a call's turnaround is recorded under: its procedure and, for
 /// READ and WRITE, its size class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallClass {
     /// The procedure.
-    pub proc_: NfsProc3,
+    pub proc_: Procedure,
     /// The size class.
     pub size: SizeClass,
 }
@@ -112,9 +195,19 @@ struct ProcStats {
     hist: Mutex<Histogram<u64>>,
 }
 
+/// Counters of one NFSv4 operation.
+#[derive(Default)]
+struct OpStats {
+    calls: AtomicU64,
+    errors: AtomicU64,
+}
+
 /// Counters of the NFS service.
 pub struct Metrics {
     procs: Vec<ProcStats>,
+    ops4: Vec<OpStats>,
+    compounds: AtomicU64,
+    compound_errors: AtomicU64,
     /// By transport, procedure and size class (see [`Metrics::slot`]).
     turnaround: Vec<OnceLock<Mutex<Histogram<u64>>>>,
     drc_hits: AtomicU64,
@@ -142,7 +235,10 @@ impl Metrics {
                     ),
                 })
                 .collect(),
-            turnaround: (0..Transport::ALL.len() * NfsProc3::ALL.len() * SizeClass::ALL.len())
+            ops4: (0..V4_SLOTS).map(|_| OpStats::default()).collect(),
+            compounds: AtomicU64::new(0),
+            compound_errors: AtomicU64::new(0),
+            turnaround: (0..Transport::ALL.len() * Procedure::SLOTS * SizeClass::ALL.len())
                 .map(|_| OnceLock::new())
                 .collect(),
             drc_hits: AtomicU64::new(0),
@@ -164,9 +260,45 @@ impl Metrics {
         }
     }
 
+    /// Records one NFSv4 COMPOUND: the status of each operation it ran,
+    /// and its own.
+    pub fn record_compound(&self, ops: impl IntoIterator<Item = (u32, Status)>, status: Status) {
+        self.compounds.fetch_add(1, Ordering::Relaxed);
+        if !status.is_ok() {
+            self.compound_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        for (op, st) in ops {
+            let s = &self.ops4[v4_slot(op)];
+            s.calls.fetch_add(1, Ordering::Relaxed);
+            if !st.is_ok() {
+                s.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// NFSv4 COMPOUNDs executed, and those whose status was not NFS4_OK.
+    pub fn compounds(&self) -> (u64, u64) {
+        (
+            self.compounds.load(Ordering::Relaxed),
+            self.compound_errors.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Every NFSv4 operation executed at least once: its number, how
+    /// often, and how often with a status other than NFS4_OK.
+    pub fn operations(&self) -> Vec<(u32, u64, u64)> {
+        self.ops4
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| {
+                let calls = s.calls.load(Ordering::Relaxed);
+                (calls > 0).then(|| (v4_op(slot), calls, s.errors.load(Ordering::Relaxed)))
+            })
+            .collect()
+    }
+
     fn slot(t: Transport, c: CallClass) -> usize {
-        (t as usize * NfsProc3::ALL.len() + c.proc_ as usize) * SizeClass::ALL.len()
-            + c.size as usize
+        (t as usize * Procedure::SLOTS + c.proc_.index()) * SizeClass::ALL.len() + c.size as usize
     }
 
     /// Records one call's turnaround: from its arrival on transport `t`
@@ -185,7 +317,7 @@ impl Metrics {
     pub fn turnarounds(&self) -> Vec<(Transport, CallClass, Histogram<u64>)> {
         let mut out = Vec::new();
         for t in Transport::ALL {
-            for proc_ in NfsProc3::ALL {
+            for proc_ in (0..Procedure::SLOTS).map(Procedure::from_index) {
                 for size in SizeClass::ALL {
                     let c = CallClass { proc_, size };
                     if let Some(h) = self.turnaround[Self::slot(t, c)].get() {
@@ -275,19 +407,34 @@ impl Metrics {
                 h.max() as f64 / 1000.0
             );
         }
+        let (compounds, compound_errors) = self.compounds();
+        if compounds > 0 {
+            let _ = writeln!(
+                out,
+                "NFSv4: {compounds} COMPOUNDs ({compound_errors} not NFS4_OK)\n{:<22} {:>10} {:>8}",
+                "operation", "calls", "errors"
+            );
+            for (op, calls, errors) in self.operations() {
+                let _ = writeln!(out, "{:<22} {calls:>10} {errors:>8}", opnum::name(op));
+            }
+        }
         let turnarounds = self.turnarounds();
         if !turnarounds.is_empty() {
             let _ = writeln!(
                 out,
-                "turnaround, from a call's arrival to its reply posted:\n{:<9} {:<12} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10}",
-                "transport", "procedure", "size", "calls", "p50 us", "p99 us", "p99.9 us", "max us"
+                "turnaround, from a call's arrival to its reply posted (NFSv4: by COMPOUND, under its main operation):\n{:<9} {:<4} {:<22} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "transport", "vers", "procedure", "size", "calls", "p50 us", "p99 us", "p99.9 us", "max us"
             );
             for (t, c, h) in turnarounds {
                 let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                 let _ = writeln!(
                     out,
-                    "{:<9} {:<12} {:>5} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+                    "{:<9} {:<4} {:<22} {:>5} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
                     t.name(),
+                    match c.proc_ {
+                        Procedure::V3(_) => "3",
+                        Procedure::V4(_) => "4",
+                    },
                     c.proc_.name(),
                     c.size.name(),
                     h.len(),
@@ -331,10 +478,78 @@ mod tests {
     }
 
     #[test]
+    fn a_compound_counts_under_its_first_operation_past_sequence_and_filehandles() {
+        use opnum::*;
+        for (ops, want) in [
+            (&[SEQUENCE, PUTFH, READ][..], READ),
+            (&[SEQUENCE, PUTFH, WRITE, GETATTR], WRITE),
+            (&[SEQUENCE, PUTFH, OPEN, GETFH, ACCESS, GETATTR], OPEN),
+            (&[SEQUENCE, PUTFH, SAVEFH, PUTFH, COPY], COPY),
+            (&[SEQUENCE, PUTROOTFH, GETFH], SEQUENCE),
+            (&[SEQUENCE], SEQUENCE),
+            (&[EXCHANGE_ID], EXCHANGE_ID),
+            (&[PUTFH, GETATTR], GETATTR),
+            (&[], ILLEGAL),
+        ] {
+            assert_eq!(
+                Procedure::of_compound(ops.iter().copied()),
+                Procedure::V4(want),
+                "{ops:?}"
+            );
+        }
+        // Every slot names what it counts, and back.
+        for i in 0..Procedure::SLOTS {
+            assert_eq!(Procedure::from_index(i).index(), i);
+        }
+        assert_eq!(Procedure::V4(ILLEGAL).index(), Procedure::V4(0).index());
+        assert_eq!(Procedure::V4(CLONE).name(), "CLONE");
+        assert_eq!(Procedure::V3(NfsProc3::Read).name(), "READ");
+    }
+
+    #[test]
+    fn operations_and_compounds_are_counted_with_their_errors() {
+        let m = Metrics::new();
+        m.record_compound(
+            [
+                (opnum::SEQUENCE, Status::OK),
+                (opnum::PUTFH, Status::OK),
+                (opnum::READ, Status::OK),
+            ],
+            Status::OK,
+        );
+        m.record_compound(
+            [
+                (opnum::SEQUENCE, Status::OK),
+                (opnum::LOOKUP, Status::NOENT),
+            ],
+            Status::NOENT,
+        );
+        m.record_compound([(99, Status::OP_ILLEGAL)], Status::OP_ILLEGAL);
+        assert_eq!(m.compounds(), (3, 2));
+        assert_eq!(
+            m.operations(),
+            vec![
+                (opnum::ILLEGAL, 1, 1),
+                (opnum::LOOKUP, 1, 1),
+                (opnum::PUTFH, 1, 0),
+                (opnum::READ, 1, 0),
+                (opnum::SEQUENCE, 2, 0),
+            ]
+        );
+        let r = m.report();
+        assert!(r.contains("NFSv4: 3 COMPOUNDs (2 not NFS4_OK)"), "{r}");
+        assert!(
+            r.lines()
+                .any(|l| l.starts_with("SEQUENCE") && l.ends_with(" 2        0")),
+            "{r}"
+        );
+    }
+
+    #[test]
     fn turnarounds_are_kept_apart_by_transport_procedure_and_size() {
         let m = Metrics::new();
         let read4k = CallClass {
-            proc_: NfsProc3::Read,
+            proc_: Procedure::V3(NfsProc3::Read),
             size: SizeClass::UpTo4K,
         };
         let read64k = CallClass {

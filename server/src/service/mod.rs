@@ -15,7 +15,7 @@ use crate::exports::{ExportEntry, ExportOptions};
 use crate::store::{Cred, Store, StoreConfig};
 use bytes::Bytes;
 use drc::{Drc, DrcKey, DrcLookup};
-use metrics::{CallClass, Metrics, SizeClass};
+use metrics::{CallClass, Metrics, Procedure, SizeClass};
 use nfsrdma_xdr::nfs3::{self, NfsProc3};
 use nfsrdma_xdr::rpc::{
     self, flavor, AcceptStat, AuthStat, CallBody, MessageBody, RejectedReply, RpcMessage,
@@ -436,7 +436,10 @@ impl Service {
         let res = self.nfs_dispatch(caller, decoded);
         self.metrics.record(p, res.status(), start.elapsed());
         let mut reply = Reply::success(xid, ReplyBody::Nfs(res));
-        reply.class = Some(CallClass { proc_: p, size });
+        reply.class = Some(CallClass {
+            proc_: Procedure::V3(p),
+            size,
+        });
         if let Some(k) = drc_key {
             let mut body = bytes::BytesMut::new();
             reply.encode_body(&mut body);

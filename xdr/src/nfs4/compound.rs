@@ -68,6 +68,93 @@ pub mod opnum {
     /// The last operation number defined (NFSv4.2 with RFC 8276 xattrs).
     pub const LAST: u32 = 75;
     pub const ILLEGAL: u32 = 10044;
+
+    /// Operation names by number, from ACCESS (3) to LAST: RFC 8881 §16,
+    /// RFC 7862 §15, RFC 8276 §8.
+    const NAMES: [&str; (LAST - 2) as usize] = [
+        "ACCESS",
+        "CLOSE",
+        "COMMIT",
+        "CREATE",
+        "DELEGPURGE",
+        "DELEGRETURN",
+        "GETATTR",
+        "GETFH",
+        "LINK",
+        "LOCK",
+        "LOCKT",
+        "LOCKU",
+        "LOOKUP",
+        "LOOKUPP",
+        "NVERIFY",
+        "OPEN",
+        "OPENATTR",
+        "OPEN_CONFIRM",
+        "OPEN_DOWNGRADE",
+        "PUTFH",
+        "PUTPUBFH",
+        "PUTROOTFH",
+        "READ",
+        "READDIR",
+        "READLINK",
+        "REMOVE",
+        "RENAME",
+        "RENEW",
+        "RESTOREFH",
+        "SAVEFH",
+        "SECINFO",
+        "SETATTR",
+        "SETCLIENTID",
+        "SETCLIENTID_CONFIRM",
+        "VERIFY",
+        "WRITE",
+        "RELEASE_LOCKOWNER",
+        "BACKCHANNEL_CTL",
+        "BIND_CONN_TO_SESSION",
+        "EXCHANGE_ID",
+        "CREATE_SESSION",
+        "DESTROY_SESSION",
+        "FREE_STATEID",
+        "GET_DIR_DELEGATION",
+        "GETDEVICEINFO",
+        "GETDEVICELIST",
+        "LAYOUTCOMMIT",
+        "LAYOUTGET",
+        "LAYOUTRETURN",
+        "SECINFO_NO_NAME",
+        "SEQUENCE",
+        "SET_SSV",
+        "TEST_STATEID",
+        "WANT_DELEGATION",
+        "DESTROY_CLIENTID",
+        "RECLAIM_COMPLETE",
+        "ALLOCATE",
+        "COPY",
+        "COPY_NOTIFY",
+        "DEALLOCATE",
+        "IO_ADVISE",
+        "LAYOUTERROR",
+        "LAYOUTSTATS",
+        "OFFLOAD_CANCEL",
+        "OFFLOAD_STATUS",
+        "READ_PLUS",
+        "SEEK",
+        "WRITE_SAME",
+        "CLONE",
+        "GETXATTR",
+        "SETXATTR",
+        "LISTXATTRS",
+        "REMOVEXATTR",
+    ];
+
+    /// The operation's name as the RFCs spell it; `ILLEGAL` for a number
+    /// no operation has.
+    pub fn name(op: u32) -> &'static str {
+        match op {
+            3..=LAST => NAMES[(op - 3) as usize],
+            _ => "ILLEGAL",
+        }
+    }
 }
 
 /// One operation of a COMPOUND with its arguments.

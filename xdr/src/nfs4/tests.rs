@@ -183,3 +183,25 @@ proptest! {
         let _ = dec::<Compound4Res>(&b);
     }
 }
+
+#[test]
+fn operation_names_match_their_numbers() {
+    use super::opnum::{self, name};
+    for (n, want) in [
+        (opnum::ACCESS, "ACCESS"),
+        (opnum::WRITE, "WRITE"),
+        (opnum::RELEASE_LOCKOWNER, "RELEASE_LOCKOWNER"),
+        (opnum::SECINFO_NO_NAME, "SECINFO_NO_NAME"),
+        (opnum::SEQUENCE, "SEQUENCE"),
+        (opnum::RECLAIM_COMPLETE, "RECLAIM_COMPLETE"),
+        (opnum::ALLOCATE, "ALLOCATE"),
+        (opnum::SEEK, "SEEK"),
+        (opnum::CLONE, "CLONE"),
+        (opnum::LAST, "REMOVEXATTR"),
+    ] {
+        assert_eq!(name(n), want, "{n}");
+    }
+    for n in [0, 1, 2, opnum::LAST + 1, opnum::ILLEGAL] {
+        assert_eq!(name(n), "ILLEGAL", "{n}");
+    }
+}

@@ -10,6 +10,7 @@ mod ops;
 pub mod pseudo;
 pub mod state;
 
+use super::metrics::{CallClass, Procedure, SizeClass};
 use super::{Caller, Reply, ReplyBody, Service};
 use crate::store::Ino;
 use nfsrdma_xdr::nfs4::ops::SequenceResOk;
@@ -156,8 +157,15 @@ impl Service {
                 let len = args.remaining();
                 match Compound4Args::decode_lenient(&mut args) {
                     Ok((a, cut)) => {
+                        let class = compound_class(&a);
                         let res = self.compound(caller, a, cut, len);
-                        Reply::success(xid, ReplyBody::Nfs4(res))
+                        self.metrics.record_compound(
+                            res.results.iter().map(|r| (r.num(), r.status())),
+                            res.status,
+                        );
+                        let mut reply = Reply::success(xid, ReplyBody::Nfs4(res));
+                        reply.class = Some(class);
+                        reply
                     }
                     Err(e) => {
                         tracing::debug!(peer = %caller.ctx.peer, error = %e, "COMPOUND GARBAGE_ARGS");
@@ -292,6 +300,25 @@ impl Service {
             max_slots: 64,
         }
     }
+}
+
+/// What a COMPOUND's turnaround is recorded under: its main operation
+/// and, when that is READ or WRITE, the size of the first READ or WRITE.
+fn compound_class(a: &Compound4Args) -> CallClass {
+    let proc_ = Procedure::of_compound(a.ops.iter().map(ArgOp::num));
+    let size = match proc_ {
+        Procedure::V4(opnum::READ | opnum::WRITE) => a
+            .ops
+            .iter()
+            .find_map(|op| match op {
+                ArgOp::Read(r) => Some(SizeClass::of(r.count)),
+                ArgOp::Write(w) => Some(SizeClass::of(w.data.0.len() as u32)),
+                _ => None,
+            })
+            .unwrap_or(SizeClass::Any),
+        _ => SizeClass::Any,
+    };
+    CallClass { proc_, size }
 }
 
 /// Ends a reply with `st` in place of its last operation's result.
