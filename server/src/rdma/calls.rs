@@ -307,23 +307,109 @@ fn landing_pieces(total: usize, head: usize) -> Vec<usize> {
     pieces
 }
 
-/// The file offset of an NFSv3 WRITE call, from its inline part (the RPC
-/// header and the arguments up to the data).
+/// The file offset of an NFSv3 WRITE call, or of the first WRITE of an
+/// NFSv4 COMPOUND among its first few operations, from the call's inline
+/// part (the RPC header and the arguments up to the data).
 fn write_offset(inline: &Bytes) -> Option<u64> {
     use nfsrdma_xdr::nfs3::{NfsFh3, NfsProc3, PROGRAM, VERSION};
+    use nfsrdma_xdr::nfs4::{self, opnum, ArgOp, Stateid4, Utf8Str};
     let mut d = nfsrdma_xdr::Decoder::new(inline.clone());
     let h = RpcMessage::decode(&mut d).ok()?;
     let c = h.as_call()?;
-    if (c.prog, c.vers, c.proc_) != (PROGRAM, VERSION, NfsProc3::Write as u32) {
-        return None;
+    match (c.prog, c.vers, c.proc_) {
+        (PROGRAM, VERSION, p) if p == NfsProc3::Write as u32 => {
+            NfsFh3::decode(&mut d).ok()?;
+            d.u64("offset").ok()
+        }
+        (PROGRAM, nfs4::VERSION, nfs4::PROC_COMPOUND) => {
+            Utf8Str::decode(&mut d).ok()?;
+            d.u32("minorversion").ok()?;
+            let n = d.u32("ops").ok()?;
+            // SEQUENCE, PUTFH, WRITE is what clients send.
+            for _ in 0..n.min(4) {
+                if d.clone().u32("op").ok()? == opnum::WRITE {
+                    d.u32("op").ok()?;
+                    Stateid4::decode(&mut d).ok()?;
+                    return d.u64("offset").ok();
+                }
+                ArgOp::decode(&mut d).ok()?;
+            }
+            None
+        }
+        _ => None,
     }
-    NfsFh3::decode(&mut d).ok()?;
-    d.u64("offset").ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_write_offset_is_found_in_nfsv3_and_nfsv4_calls() {
+        use bytes::BytesMut;
+        use nfsrdma_xdr::nfs3::{self, Data};
+        use nfsrdma_xdr::nfs4::ops::{SequenceArgs, WriteArgs};
+        use nfsrdma_xdr::nfs4::{self, ArgOp, Compound4Args, Fh4, StableHow4, Stateid4};
+        use nfsrdma_xdr::rpc::OpaqueAuth;
+        let call = |prog, vers, proc_, args: &dyn Fn(&mut BytesMut)| {
+            let mut b = BytesMut::new();
+            RpcMessage::call(1, prog, vers, proc_, OpaqueAuth::none()).encode(&mut b);
+            args(&mut b);
+            b.freeze()
+        };
+        let compound = |ops: Vec<ArgOp>| {
+            move |b: &mut BytesMut| {
+                Compound4Args {
+                    tag: Default::default(),
+                    minorversion: 2,
+                    ops: ops.clone(),
+                }
+                .encode(b)
+            }
+        };
+        let write = ArgOp::Write(WriteArgs {
+            stateid: Stateid4::ANONYMOUS,
+            offset: 12_288,
+            stable: StableHow4::Unstable,
+            data: Data(Default::default()),
+        });
+        let seq = ArgOp::Sequence(SequenceArgs::default());
+        let putfh = ArgOp::Putfh(Fh4(Bytes::from_static(&[1; 32])));
+        let v4 = call(
+            nfs3::PROGRAM,
+            nfs4::VERSION,
+            nfs4::PROC_COMPOUND,
+            &compound(vec![seq.clone(), putfh.clone(), write.clone()]),
+        );
+        assert_eq!(write_offset(&v4), Some(12_288));
+        // Not a WRITE COMPOUND, or a WRITE too far in.
+        let v4 = call(
+            nfs3::PROGRAM,
+            nfs4::VERSION,
+            nfs4::PROC_COMPOUND,
+            &compound(vec![seq.clone(), putfh.clone(), ArgOp::Getfh]),
+        );
+        assert_eq!(write_offset(&v4), None);
+        let far = vec![seq, putfh.clone(), putfh.clone(), putfh, write];
+        let v4 = call(
+            nfs3::PROGRAM,
+            nfs4::VERSION,
+            nfs4::PROC_COMPOUND,
+            &compound(far),
+        );
+        assert_eq!(write_offset(&v4), None);
+        // NFSv3 as before.
+        let v3 = call(
+            nfs3::PROGRAM,
+            nfs3::VERSION,
+            nfs3::NfsProc3::Write as u32,
+            &|b: &mut BytesMut| {
+                nfs3::NfsFh3(Bytes::from_static(&[1; 8])).encode(b);
+                b.extend_from_slice(&65_536u64.to_be_bytes());
+            },
+        );
+        assert_eq!(write_offset(&v3), Some(65_536));
+    }
 
     #[test]
     fn read_chunks_land_in_blocks_they_fill() {
