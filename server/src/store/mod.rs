@@ -1490,6 +1490,165 @@ impl Fs {
         Ok(())
     }
 
+    /// Frees `[offset, offset + length)` of a file (NFSv4.2 DEALLOCATE,
+    /// `fallocate` hole punching): blocks wholly inside go (their memory
+    /// with them), the parts of blocks at the range's ends are zeroed; the
+    /// size stays. The range past the end of the file is ignored.
+    pub fn deallocate(&mut self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
+        let size = {
+            let i = self.inode(ino)?;
+            let Content::File(f) = &i.content else {
+                return Err(match i.content {
+                    Content::Dir(_) => NfsStat3::Isdir,
+                    _ => NfsStat3::Inval,
+                });
+            };
+            if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
+                return Err(NfsStat3::Acces);
+            }
+            f.size
+        };
+        let end = offset.saturating_add(length).min(size);
+        if offset < end && !self.config.null {
+            let blk = BLOCK_SIZE as u64;
+            let (first_whole, end_whole) = (offset.div_ceil(blk), end / blk);
+            // Zero the pieces of partly covered blocks that hold data.
+            let mut pieces = Vec::new();
+            if first_whole > end_whole {
+                pieces.push((offset, end));
+            } else {
+                pieces.push((offset, first_whole * blk));
+                pieces.push((end_whole * blk, end));
+            }
+            for (from, to) in pieces {
+                let held = matches!(&self.inode(ino)?.content,
+                    Content::File(f) if f.blocks.contains_key(&(from / blk)));
+                if from < to && held {
+                    let zeros = Payload::from_parts([self.zeros.get((to - from) as usize)]);
+                    self.write_blocks(ino, from, &zeros)?;
+                }
+            }
+            let i = self.slots[ino.0 as usize]
+                .inode
+                .as_mut()
+                .ok_or(NfsStat3::Stale)?;
+            if let (Content::File(f), true) = (&mut i.content, first_whole < end_whole) {
+                let dropped: Vec<u64> = f
+                    .blocks
+                    .range(first_whole..end_whole)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in dropped {
+                    if let Some(b) = f.blocks.remove(&k) {
+                        let freed = b.pinned() as u64;
+                        f.used -= freed;
+                        self.used_bytes -= freed;
+                    }
+                }
+            }
+        }
+        let t = now();
+        let i = self.inode_mut(ino)?;
+        i.attr.mtime = t;
+        i.attr.set_ctime(t);
+        Ok(())
+    }
+
+    /// Reserves memory for `[offset, offset + length)` of a file (NFSv4.2
+    /// ALLOCATE, `fallocate`): every block of the range the file does not
+    /// hold gets one, of zeros, so that later WRITEs there cannot fail for
+    /// want of space; the file grows to the range's end if it is shorter.
+    /// NFS3ERR_NOSPC, with the file untouched, when the store cannot hold
+    /// them all.
+    pub fn allocate(&mut self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
+        let end = offset.checked_add(length).ok_or(NfsStat3::Fbig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(NfsStat3::Fbig);
+        }
+        let blk = BLOCK_SIZE as u64;
+        let missing: Vec<u64> = {
+            let i = self.inode(ino)?;
+            let Content::File(f) = &i.content else {
+                return Err(match i.content {
+                    Content::Dir(_) => NfsStat3::Isdir,
+                    _ => NfsStat3::Inval,
+                });
+            };
+            if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
+                return Err(NfsStat3::Acces);
+            }
+            if length == 0 || self.config.null {
+                Vec::new()
+            } else {
+                let (first, last) = (offset / blk, (end - 1) / blk);
+                let held = f.blocks.range(first..=last).count() as u64;
+                let free = self.config.capacity_bytes.saturating_sub(self.used_bytes);
+                if (last - first + 1 - held).saturating_mul(blk) > free {
+                    return Err(NfsStat3::Nospc);
+                }
+                (first..=last)
+                    .filter(|k| !f.blocks.contains_key(k))
+                    .collect()
+            }
+        };
+        for k in missing {
+            let (from, to) = ((k * blk).max(offset), ((k + 1) * blk).min(end));
+            let zeros = Payload::from_parts([self.zeros.get((to - from) as usize)]);
+            self.write_blocks(ino, from, &zeros)?;
+        }
+        let t = now();
+        let i = self.inode_mut(ino)?;
+        if let Content::File(f) = &mut i.content {
+            if f.size < end {
+                f.size = end;
+                i.attr.mtime = t;
+            }
+        }
+        i.attr.set_ctime(t);
+        Ok(())
+    }
+
+    /// Where the next data (`data`) or hole (`!data`) at or after
+    /// `offset` starts (NFSv4.2 SEEK, `lseek` SEEK_DATA and SEEK_HOLE), by
+    /// 64 KiB block: a block the file holds memory for is data, one it
+    /// does not is a hole, and the end of the file is a hole. `None`: no
+    /// data at or after `offset`, or `offset` is at or past the end.
+    pub fn seek(&self, ino: Ino, offset: u64, data: bool) -> SResult<Option<u64>> {
+        let i = self.inode(ino)?;
+        let Content::File(f) = &i.content else {
+            return Err(match i.content {
+                Content::Dir(_) => NfsStat3::Isdir,
+                _ => NfsStat3::Inval,
+            });
+        };
+        if offset >= f.size {
+            return Ok(None);
+        }
+        let blk = BLOCK_SIZE as u64;
+        let at = offset / blk;
+        // A null export holds no blocks and reads zeros everywhere: data.
+        let held = |k: u64| self.config.null || f.blocks.contains_key(&k);
+        Ok(if data {
+            if held(at) {
+                Some(offset)
+            } else {
+                f.blocks
+                    .range(at..)
+                    .next()
+                    .map(|(k, _)| k * blk)
+                    .filter(|o| *o < f.size)
+            }
+        } else if !held(at) {
+            Some(offset)
+        } else {
+            let mut k = at;
+            while held(k) && k * blk < f.size {
+                k += 1;
+            }
+            Some((k * blk).clamp(offset, f.size))
+        })
+    }
+
     // ---- file system -------------------------------------------------------
 
     /// WRITE data bytes (copied into file blocks, taken over without a

@@ -1506,3 +1506,121 @@ fn moving_a_directory_to_another_parent_wants_write_permission_on_it() {
         Err(NfsStat3::Notempty)
     );
 }
+
+#[test]
+fn deallocate_frees_whole_blocks_zeroes_the_ends_and_seek_finds_data_and_holes() {
+    const B: u64 = blocks::BLOCK_SIZE as u64;
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    // Four blocks of data, then a hole, then a fifth block at 6 B.
+    let body: Vec<u8> = (0..4 * B).map(|i| (i % 251) as u8 + 1).collect();
+    write(&mut fs, f, 0, &body);
+    write(&mut fs, f, 6 * B, &[9u8; 100]);
+    let size = 6 * B + 100;
+    let used = fs.fsstat().0 - fs.fsstat().1;
+    assert_eq!(fs.seek(f, 0, true).unwrap(), Some(0));
+    assert_eq!(fs.seek(f, 0, false).unwrap(), Some(4 * B));
+    assert_eq!(fs.seek(f, 4 * B + 5, true).unwrap(), Some(6 * B));
+    assert_eq!(fs.seek(f, 4 * B + 5, false).unwrap(), Some(4 * B + 5));
+    assert_eq!(
+        fs.seek(f, 6 * B + 1, false).unwrap(),
+        Some(size),
+        "the end is a hole"
+    );
+    assert_eq!(fs.seek(f, size, true).unwrap(), None);
+    // Punch from the middle of block 0 to the middle of block 3: blocks 1
+    // and 2 go, the ends are zeroed, the size stays.
+    let (from, to) = (B / 2, 3 * B + 100);
+    fs.deallocate(f, &Cred::root(), from, to - from).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, size);
+    let (got, _) = read(&fs, f, 0, (4 * B) as u32);
+    for (i, b) in got.iter().enumerate() {
+        let i = i as u64;
+        let want = if (from..to).contains(&i) {
+            0
+        } else {
+            body[i as usize]
+        };
+        assert_eq!(*b, want, "byte {i}");
+    }
+    let used_after = fs.fsstat().0 - fs.fsstat().1;
+    assert_eq!(used - used_after, 2 * B, "two blocks' memory freed");
+    assert_eq!(fs.seek(f, 0, false).unwrap(), Some(B));
+    assert_eq!(fs.seek(f, B, true).unwrap(), Some(3 * B));
+    // Within one block: zeroed, nothing freed.
+    fs.deallocate(f, &Cred::root(), 3 * B + 200, 50).unwrap();
+    let (got, _) = read(&fs, f, 3 * B + 150, 150);
+    assert_eq!(
+        &got[..50],
+        &body[(3 * B + 150) as usize..(3 * B + 200) as usize]
+    );
+    assert!(got[50..100].iter().all(|b| *b == 0));
+    assert_eq!(
+        &got[100..],
+        &body[(3 * B + 250) as usize..(3 * B + 300) as usize]
+    );
+    assert_eq!(fs.fsstat().0 - fs.fsstat().1, used_after);
+    // Past the end, or in a hole: nothing is allocated.
+    fs.deallocate(f, &Cred::root(), 4 * B + 10, 100 * B)
+        .unwrap();
+    assert_eq!(fs.fsstat().0 - fs.fsstat().1, used_after);
+    assert_eq!(fs.getattr(f).unwrap().size, size);
+    // Someone without write permission may not.
+    fs.setattr(
+        f,
+        &Cred::root(),
+        &Sattr3 {
+            mode: Some(0o644),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(fs.deallocate(f, &user(1000), 0, B), Err(NfsStat3::Acces));
+    assert_eq!(
+        fs.deallocate(root, &Cred::root(), 0, B),
+        Err(NfsStat3::Isdir)
+    );
+}
+
+#[test]
+fn allocate_reserves_the_blocks_of_a_range_or_nothing() {
+    const B: u64 = blocks::BLOCK_SIZE as u64;
+    let s = Store::new(StoreConfig {
+        capacity_bytes: 8 * B,
+        max_inodes: 4,
+        ..Default::default()
+    });
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    write(&mut fs, f, 0, &[5u8; 100]);
+    let free = |fs: &Fs| fs.fsstat().1;
+    let before = free(&fs);
+    // Blocks 2 to 4 of a file that holds only block 0: three blocks'
+    // memory, the size grows, data stays, the range reads zeros.
+    fs.allocate(f, &Cred::root(), 2 * B + 7, 3 * B - 7).unwrap();
+    assert_eq!(before - free(&fs), 3 * B);
+    assert_eq!(fs.getattr(f).unwrap().size, 5 * B);
+    let (got, _) = read(&fs, f, 0, (5 * B) as u32);
+    assert_eq!(&got[..100], &[5u8; 100][..]);
+    assert!(got[100..].iter().all(|b| *b == 0));
+    assert_eq!(fs.seek(f, 2 * B, false).unwrap(), Some(5 * B));
+    assert_eq!(fs.seek(f, B, true).unwrap(), Some(2 * B));
+    // Again: nothing more to hold. More than is free: NOSPC, untouched.
+    fs.allocate(f, &Cred::root(), 2 * B, 3 * B).unwrap();
+    assert_eq!(before - free(&fs), 3 * B);
+    let left = free(&fs);
+    assert_eq!(
+        fs.allocate(f, &Cred::root(), 5 * B, 100 * B),
+        Err(NfsStat3::Nospc)
+    );
+    assert_eq!(free(&fs), left);
+    assert_eq!(fs.getattr(f).unwrap().size, 5 * B);
+    assert_eq!(
+        fs.allocate(f, &Cred::root(), u64::MAX - 5, 10),
+        Err(NfsStat3::Fbig)
+    );
+}

@@ -1004,51 +1004,34 @@ impl Service {
             return Err(Status::FBIG);
         }
         let mut fs = t.ex.store.write();
-        if fs.getattr(ino).map_err(st)?.size < end {
-            let s = Sattr3 {
-                size: Some(end),
-                ..Default::default()
-            };
-            fs.setattr(ino, &t.cred, &s, None).map_err(st)?;
-        }
-        Ok(())
+        fs.allocate(ino, &t.cred, a.offset, a.length).map_err(st)
     }
 
     /// DEALLOCATE: the range reads as zeros afterwards; the size stays.
     fn deallocate4(&self, cx: &Cx, a: &SpaceArgs) -> R<()> {
         let (t, ino) = self.space_target(cx, &a.stateid, true)?;
         let mut fs = t.ex.store.write();
-        let size = fs.getattr(ino).map_err(st)?.size;
-        let end = a.offset.saturating_add(a.length).min(size);
-        let mut pos = a.offset;
-        while pos < end {
-            let n = (end - pos).min(u64::from(self.config.max_io)) as usize;
-            let zeros = Payload::from_parts([bytes::Bytes::from(vec![0u8; n])]);
-            fs.write(ino, &t.cred, pos, &zeros).map_err(st)?;
-            pos += n as u64;
-        }
-        Ok(())
+        fs.deallocate(ino, &t.cred, a.offset, a.length).map_err(st)
     }
 
-    /// SEEK: the store reports every byte below the size as data (holes
-    /// read as zeros but are not told apart), so data starts where asked
-    /// and the only hole is the one at the end.
+    /// SEEK (RFC 7862 §15.11): data and holes as the store keeps them, by
+    /// 64 KiB block; no data at or past the offset is NFS4ERR_NXIO, as on
+    /// the Linux nfsd.
     fn seek4(&self, cx: &Cx, a: &SeekArgs) -> R<SeekResOk> {
         let (t, ino) = self.space_target(cx, &a.stateid, false)?;
-        let size = t.ex.store.read().getattr(ino).map_err(st)?.size;
-        if a.offset >= size {
-            return Err(Status::NXIO);
-        }
-        match a.what {
-            0 => Ok(SeekResOk {
-                eof: false,
-                offset: a.offset,
+        let fs = t.ex.store.read();
+        let data = match a.what {
+            0 => true,
+            1 => false,
+            _ => return Err(Status::UNION_NOTSUPP),
+        };
+        let size = fs.getattr(ino).map_err(st)?.size;
+        match fs.seek(ino, a.offset, data).map_err(st)? {
+            Some(offset) => Ok(SeekResOk {
+                eof: offset >= size,
+                offset,
             }),
-            1 => Ok(SeekResOk {
-                eof: true,
-                offset: size,
-            }),
-            _ => Err(Status::UNION_NOTSUPP),
+            None => Err(Status::NXIO),
         }
     }
 
