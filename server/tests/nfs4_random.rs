@@ -46,7 +46,7 @@ impl Known {
         // ranges within one block, across blocks and past the end all come.
         let small = |x: u64| x % (1u64 << (pick % 24 + 1));
         match op {
-            ArgOp::Putfh(_) if pick % 5 != 0 => ArgOp::Putfh(self.fh(pick / 5)),
+            ArgOp::Putfh(_) if !pick.is_multiple_of(5) => ArgOp::Putfh(self.fh(pick / 5)),
             ArgOp::Read(a) => ArgOp::Read(ReadArgs {
                 stateid: s(a.stateid),
                 // Mostly within the files.
