@@ -274,15 +274,16 @@ fn nfsv4_compounds_are_counted_by_operation_and_main_operation() {
     let r = v.run(vec![ArgOp::Putrootfh, ArgOp::Lookup("missing".into())]);
     assert_eq!(r.status, Status::NOENT);
     let after = scrape(d.metrics);
-    // EXCHANGE_ID, CREATE_SESSION, the OPEN, the WRITE, two READs, the
-    // LOOKUP: 7 COMPOUNDs, one failed.
-    assert_eq!(value(&after, "nfsrdmad_nfs4_compounds_total"), Some(7.0));
+    // EXCHANGE_ID, CREATE_SESSION, RECLAIM_COMPLETE, the OPEN, the WRITE,
+    // two READs, the LOOKUP: 8 COMPOUNDs, one failed.
+    assert_eq!(value(&after, "nfsrdmad_nfs4_compounds_total"), Some(8.0));
     assert_eq!(
         value(&after, "nfsrdmad_nfs4_compound_errors_total"),
         Some(1.0)
     );
     for (op, calls, errors) in [
-        ("SEQUENCE", 5.0, 0.0),
+        ("SEQUENCE", 6.0, 0.0),
+        ("RECLAIM_COMPLETE", 1.0, 0.0),
         ("PUTFH", 3.0, 0.0),
         ("READ", 2.0, 0.0),
         ("WRITE", 1.0, 0.0),

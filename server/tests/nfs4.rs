@@ -682,11 +682,11 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     let s = a.seq_op(0, false);
     let mut c0 = RawClient::connect(addr);
     assert_eq!(compound(&mut c0, 2, "", vec![s]).status, Status::BADSESSION);
-    let r = compound(&mut c0, 1, "", vec![create_session(a.clientid, 2)]);
+    let r = compound(&mut c0, 1, "", vec![create_session(a.clientid, 3)]);
     assert_eq!(r.status, Status::STALE_CLIENTID);
     // A comes back (same owner and verifier) and reclaims its open, by the
     // handle it had, and its lock.
-    let mut a = V4::new(addr, "client a");
+    let mut a = V4::reclaiming(addr, "client a");
     let r = open_fh(&mut a, &fha, OpenClaim4::Previous(0));
     assert_eq!(r.status, Status::OK, "{r:?}");
     let ResOp::Open(Ok(o)) = &r.results[2] else {
@@ -699,9 +699,10 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     // A client the previous instance did not know (or knew without state)
     // cannot reclaim, and neither it nor anyone opens, locks, removes or
     // renames anew meanwhile.
-    let mut d = V4::new(addr, "client d");
+    let mut d = V4::reclaiming(addr, "client d");
     let r = open_fh(&mut d, &fhb, OpenClaim4::Previous(0));
     assert_eq!(r.status, Status::RECLAIM_BAD, "{r:?}");
+    assert_eq!(reclaim_complete(&mut d), Status::OK);
     let r = open_fh(&mut d, &fhb, OpenClaim4::Fh);
     assert_eq!(r.status, Status::GRACE, "{r:?}");
     let r = d.run(vec![
@@ -726,7 +727,7 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     assert_eq!(r.status, Status::GRACE, "{r:?}");
     // B reclaims nothing and says RECLAIM_COMPLETE: every client of the
     // previous instance is done, so the period ends before its 120 s.
-    let mut b = V4::new(addr, "client b");
+    let mut b = V4::reclaiming(addr, "client b");
     assert_eq!(reclaim_complete(&mut b), Status::OK);
     let r = open_fh(&mut d, &fha, OpenClaim4::Fh);
     assert_eq!(r.status, Status::OK, "{r:?}");
@@ -746,9 +747,13 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     // --grace 0 there is no grace period and a reclaim is refused.
     let args0 = ["--no-rdma", "--state", state_s, "--grace", "0"];
     let (child, addr) = serving(&args0, std::process::Stdio::null());
-    let mut a = V4::new(addr, "client a");
+    let mut a = V4::reclaiming(addr, "client a");
     let r = open_fh(&mut a, &fha, OpenClaim4::Previous(0));
     assert_eq!(r.status, Status::NO_GRACE, "{r:?}");
+    // Before its RECLAIM_COMPLETE a client opens nothing new, grace or no.
+    let r = open_fh(&mut a, &fha, OpenClaim4::Fh);
+    assert_eq!(r.status, Status::GRACE, "{r:?}");
+    assert_eq!(reclaim_complete(&mut a), Status::OK);
     let r = open_fh(&mut a, &fha, OpenClaim4::Fh);
     assert_eq!(r.status, Status::OK, "{r:?}");
     stop(child);

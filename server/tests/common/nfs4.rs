@@ -76,7 +76,17 @@ pub fn ok<T: std::fmt::Debug>(r: &Res<T>) -> &T {
 }
 
 impl V4 {
+    /// A client record and session, and RECLAIM_COMPLETE: it may open.
     pub fn new(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
+        let mut v = V4::reclaiming(addr, owner);
+        let r = v.run(vec![ArgOp::ReclaimComplete(false)]);
+        assert_eq!(r.status, Status::OK, "{r:?}");
+        v
+    }
+
+    /// A client record and session that has not said RECLAIM_COMPLETE:
+    /// after a server's restart, it may reclaim.
+    pub fn reclaiming(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
         let mut c = RawClient::connect(addr);
         let r = compound(&mut c, 1, "eid", vec![exchange_id(owner, 1)]);
         let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {

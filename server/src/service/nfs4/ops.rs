@@ -250,7 +250,10 @@ impl Service {
             ArgOp::Readdir(a) => ResOp::Readdir(self.readdir4(cx, a)),
             ArgOp::Secinfo(name) => ResOp::Secinfo(self.secinfo4(cx, Some(name))),
             ArgOp::SecinfoNoName(style) => ResOp::SecinfoNoName(match style {
-                0 | 1 => self.secinfo4(cx, None),
+                0 => self.secinfo4(cx, None),
+                // SECINFO_STYLE4_PARENT: the parent's, as LOOKUPP finds it
+                // (NFS4ERR_NOENT at the root).
+                1 => self.lookupp4(cx).and_then(|()| self.secinfo4(cx, None)),
                 _ => Err(Status::INVAL),
             }),
             ArgOp::Open(a) => ResOp::Open(self.open4(cx, a)),
@@ -260,7 +263,7 @@ impl Service {
             ArgOp::Lockt(a) => ResOp::Lockt(self.lockt4(cx, a)),
             ArgOp::Locku(a) => ResOp::Locku(self.locku4(cx, a)),
             ArgOp::FreeStateid(s) => ResOp::FreeStateid(match cx.client {
-                Some(c) => self.nfs4.state.free_stateid(c, s),
+                Some(c) => cx.sid(s).and_then(|s| self.nfs4.state.free_stateid(c, &s)),
                 None => Err(Status::OP_NOT_IN_SESSION),
             }),
             ArgOp::TestStateid(list) => ResOp::TestStateid(match cx.client {
@@ -273,9 +276,11 @@ impl Service {
                 None => Err(Status::OP_NOT_IN_SESSION),
             }),
             ArgOp::ExchangeId(a) => ResOp::ExchangeId(self.exchange_id4(cx, a)),
-            ArgOp::CreateSession(a) => {
-                ResOp::CreateSession(self.nfs4.state.create_session(a, self.channel_limits()))
-            }
+            ArgOp::CreateSession(a) => ResOp::CreateSession(self.nfs4.state.create_session(
+                a,
+                self.channel_limits(),
+                cx.caller.cred.as_ref().map(|c| c.uid),
+            )),
             ArgOp::DestroySession(sid) => {
                 ResOp::DestroySession(self.nfs4.state.destroy_session(sid))
             }

@@ -252,7 +252,7 @@ impl State4 {
 
     /// NFS4ERR_GRACE for a new open or lock while the grace period is on
     /// (and for REMOVE and RENAME, which could take a name a reclaim
-    /// needs); for a reclaim, NFS4ERR_NO_GRACE outside it or once the
+    /// needs) or before the client's RECLAIM_COMPLETE; for a reclaim, NFS4ERR_NO_GRACE outside it or once the
     /// client said RECLAIM_COMPLETE, NFS4ERR_RECLAIM_BAD from a client
     /// the previous instance did not know.
     pub fn check_claim(&self, client: u64, claim: Claim, now: Instant) -> Result<(), Status> {
@@ -260,7 +260,12 @@ impl State4 {
         let on = grace_on(&mut t, now);
         match claim {
             Claim::New if on => Err(Status::GRACE),
-            Claim::New => Ok(()),
+            // Until its RECLAIM_COMPLETE a client may only reclaim (RFC 8881
+            // §18.51.3), as the Linux nfsd has it.
+            Claim::New => match t.clients.get(&client) {
+                Some(c) if !c.reclaim_complete => Err(Status::GRACE),
+                _ => Ok(()),
+            },
             Claim::Reclaim => {
                 let c = t.clients.get(&client).ok_or(Status::STALE_CLIENTID)?;
                 if !on || c.reclaim_complete {
@@ -359,6 +364,12 @@ impl State4 {
                 c.renewed = now;
                 return Ok((id, c.cs_seq.wrapping_add(1), true));
             }
+            // Another principal's record with no state is replaced at once
+            // (RFC 8881 §18.35.4, case 3); a restarted client's (same
+            // principal, new verifier) only when the new one is confirmed.
+            if u != uid {
+                purge_client(&mut t, id);
+            }
         }
         // A new client, a restarted one (new verifier: its old record goes
         // when the new one is confirmed) or a new principal: an
@@ -398,30 +409,48 @@ impl State4 {
 
     /// CREATE_SESSION (RFC 8881 §18.36.4): a new session, or the reply
     /// to a retry of the last one.
+    /// `uid`: the caller's, which must be the one that made an
+    /// unconfirmed record (NFS4ERR_CLID_INUSE otherwise).
     pub fn create_session(
         &self,
         args: &nfsrdma_xdr::nfs4::ops::CreateSessionArgs,
         limits: ChannelLimits,
+        uid: Option<u32>,
     ) -> Result<nfsrdma_xdr::nfs4::ops::CreateSessionResOk, Status> {
         use nfsrdma_xdr::nfs4::ops::CreateSessionResOk;
+        use nfsrdma_xdr::nfs4::session_flags;
+        // Flags this version does not define (as the Linux nfsd).
+        let known =
+            session_flags::PERSIST | session_flags::CONN_BACK_CHAN | session_flags::CONN_RDMA;
+        if args.flags & !known != 0 {
+            return Err(Status::INVAL);
+        }
         let mut t = self.lock();
         let Some(c) = t.clients.get(&args.clientid) else {
             return Err(Status::STALE_CLIENTID);
         };
+        if !c.confirmed && c.uid != uid {
+            return Err(Status::CLID_INUSE);
+        }
         if args.sequence == c.cs_seq {
             return c.cs_reply.clone().ok_or(Status::SEQ_MISORDERED);
         }
         if args.sequence != c.cs_seq.wrapping_add(1) {
             return Err(Status::SEQ_MISORDERED);
         }
-        let f = &args.fore_chan_attrs;
-        if f.maxrequestsize < 64
-            || f.maxresponsesize < 64
-            || f.maxoperations == 0
-            || f.maxrequests == 0
-        {
-            return Err(Status::TOOSMALL);
+        // Neither channel can carry a request and its reply that small
+        // (the backchannel is not granted, but its attributes are still
+        // the client's statement of what it can take).
+        for f in [&args.fore_chan_attrs, &args.back_chan_attrs] {
+            if f.maxrequestsize < 64
+                || f.maxresponsesize < 64
+                || f.maxoperations == 0
+                || f.maxrequests == 0
+            {
+                return Err(Status::TOOSMALL);
+            }
         }
+        let f = &args.fore_chan_attrs;
         let fore = ChannelAttrs4 {
             headerpadsize: 0,
             maxrequestsize: f.maxrequestsize.min(limits.max_request),
