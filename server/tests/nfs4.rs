@@ -584,6 +584,36 @@ fn nfsv42_copy_seek_allocate_and_deallocate() {
         Decoder::new(a.attr_vals.0.clone()).u64("size").unwrap(),
         400_000
     );
+    // A COPY of more than 64 MiB moves 64 MiB; the client sends another
+    // for the rest. (The source is a 65 MiB hole: no memory for it.)
+    let r = v.run(vec![
+        ArgOp::Putfh(sfh.clone()),
+        ArgOp::Setattr(SetattrArgs {
+            stateid: src,
+            obj_attributes: SetAttrs {
+                size: Some(65 << 20),
+                ..Default::default()
+            }
+            .to_fattr(),
+        }),
+        ArgOp::Savefh,
+        ArgOp::Putfh(dfh.clone()),
+        ArgOp::Copy(CopyArgs {
+            src_stateid: src,
+            dst_stateid: dst,
+            src_offset: 0,
+            dst_offset: 0,
+            count: 0,
+            consecutive: true,
+            synchronous: true,
+            source_server: BoundedVec(vec![]),
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let ResOp::Copy(Ok(c)) = &r.results[5] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(c.response.count, 64 << 20);
 }
 
 /// OPEN of the file `fh` names, with `claim` (CLAIM_PREVIOUS or CLAIM_FH).

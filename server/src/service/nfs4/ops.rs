@@ -18,6 +18,9 @@ use std::time::Instant;
 
 type R<T> = Result<T, Status>;
 
+/// The most one COPY moves (the client sends another for the rest).
+const COPY_MAX: u64 = 64 << 20;
+
 fn st(e: NfsStat3) -> Status {
     Status::from(e)
 }
@@ -1055,25 +1058,36 @@ impl Service {
         self.nfs4
             .state
             .check_io(cx.client, &src_sid, (t.idx, src), false)?;
-        let mut fs = t.ex.store.write();
-        need_file(&fs, src)?;
-        let size = fs.getattr(src).map_err(st)?.size;
+        let size = {
+            let fs = t.ex.store.read();
+            need_file(&fs, src)?;
+            fs.getattr(src).map_err(st)?.size
+        };
         if a.src_offset > size {
             return Err(Status::INVAL);
         }
+        // A COPY moves at most COPY_MAX and takes the store's lock for one
+        // piece at a time, so that other calls go on meanwhile; a shorter
+        // count tells the client to send the rest (RFC 7862 §15.2.3).
         let end = if a.count == 0 {
             size
         } else {
             a.src_offset.saturating_add(a.count).min(size)
-        };
+        }
+        .min(a.src_offset.saturating_add(COPY_MAX));
         let mut done = 0u64;
         while a.src_offset + done < end {
             let n = (end - a.src_offset - done).min(u64::from(self.config.max_io)) as u32;
+            let mut fs = t.ex.store.write();
             let (data, _) = fs.read(src, &t.cred, a.src_offset + done, n).map_err(st)?;
             let data = Payload::from_parts([data.to_contiguous()]);
+            if data.is_empty() {
+                // The source shrank meanwhile.
+                break;
+            }
             fs.write(dst, &t.cred, a.dst_offset + done, &data)
                 .map_err(st)?;
-            done += u64::from(n);
+            done += data.len() as u64;
         }
         Ok(CopyResOk {
             response: WriteResponse4 {
