@@ -283,6 +283,14 @@ fn kernel_client_mounts_nfsv41_and_nfsv42_over_tcp_and_rdma() {
     let (ok, report) = d.stop();
     assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
     eprintln!("{report}");
+    // The client binds a connection to its session when it makes one, not
+    // after its calls (as it does when told its callback path is down).
+    let binds: u64 = report
+        .lines()
+        .find_map(|l| l.strip_prefix("BIND_CONN_TO_SESSION"))
+        .and_then(|l| l.split_whitespace().next())
+        .map_or(0, |n| n.parse().unwrap());
+    assert!(binds <= 10, "{binds} BIND_CONN_TO_SESSION calls");
 
     // The control: the kernel nfsd over NFSv4.2 and RDMA.
     let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vm/guest/knfsd-up");
