@@ -789,3 +789,25 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     stop(child);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn two_daemons_on_one_host_are_two_servers_to_a_client() {
+    let owner = |addr| {
+        let mut c = RawClient::connect(addr);
+        let r = compound(&mut c, 1, "", vec![exchange_id("who", 1)]);
+        let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
+            panic!("{r:?}")
+        };
+        assert_eq!(e.server_scope.0, e.server_owner.major_id.0);
+        e.server_owner.major_id.0.clone()
+    };
+    let (mut a, addr_a) = serving(&["--no-rdma"], std::process::Stdio::null());
+    let (mut b, addr_b) = serving(&["--no-rdma"], std::process::Stdio::null());
+    let (oa, ob) = (owner(addr_a), owner(addr_b));
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert!(oa.starts_with(b"nfsrdmad@"), "{oa:?}");
+    assert_ne!(oa, ob, "one server owner for two servers");
+}

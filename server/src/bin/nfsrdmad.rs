@@ -307,6 +307,14 @@ fn start() -> Result<()> {
         .tcp
         .or(cfg.tcp)
         .unwrap_or_else(|| "0.0.0.0:2049".parse().expect("valid address"));
+    // The server owner names the address (and, for a port the system
+    // picks, the process): two daemons on one host are two servers to a
+    // client, and a restart on the same address is the same server.
+    service_config.nfs4.instance = if addr.port() == 0 {
+        format!("{addr}#{}", std::process::id())
+    } else {
+        addr.to_string()
+    };
     let use_rpcbind = !args.no_rpcbind && cfg.rpcbind.unwrap_or(true);
 
     let mut rdma = RdmaConfig {

@@ -35,6 +35,11 @@ pub struct Nfs4Config {
     /// The grace period after a restart with state: how long the clients
     /// of the previous instance have to reclaim (`None`: one lease).
     pub grace: Option<Duration>,
+    /// What tells this server apart from others on the same host (the
+    /// daemon's address), in its server owner and scope: clients take
+    /// servers with one owner for one server. The same after a restart,
+    /// so that clients reclaim there.
+    pub instance: String,
 }
 
 impl Default for Nfs4Config {
@@ -44,6 +49,7 @@ impl Default for Nfs4Config {
             v42: true,
             lease: Duration::from_secs(90),
             grace: None,
+            instance: String::new(),
         }
     }
 }
@@ -79,7 +85,10 @@ impl Nfs4 {
         Nfs4 {
             state: State4::new(config.lease),
             pseudo: Pseudo::new(paths),
-            owner: bytes::Bytes::from(format!("nfsrdmad@{host}")),
+            owner: bytes::Bytes::from(match config.instance.as_str() {
+                "" => format!("nfsrdmad@{host}"),
+                i => format!("nfsrdmad@{host}/{i}"),
+            }),
             config,
         }
     }
