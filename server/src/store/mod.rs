@@ -1490,24 +1490,27 @@ impl Fs {
         Ok(())
     }
 
+    /// The file `ino`, if it is one and `cred` may write it.
+    fn file_to_write(&self, ino: Ino, cred: &Cred) -> SResult<&FileData> {
+        let i = self.inode(ino)?;
+        let Content::File(f) = &i.content else {
+            return Err(match i.content {
+                Content::Dir(_) => NfsStat3::Isdir,
+                _ => NfsStat3::Inval,
+            });
+        };
+        if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
+            return Err(NfsStat3::Acces);
+        }
+        Ok(f)
+    }
+
     /// Frees `[offset, offset + length)` of a file (NFSv4.2 DEALLOCATE,
     /// `fallocate` hole punching): blocks wholly inside go (their memory
     /// with them), the parts of blocks at the range's ends are zeroed; the
     /// size stays. The range past the end of the file is ignored.
     pub fn deallocate(&mut self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
-        let size = {
-            let i = self.inode(ino)?;
-            let Content::File(f) = &i.content else {
-                return Err(match i.content {
-                    Content::Dir(_) => NfsStat3::Isdir,
-                    _ => NfsStat3::Inval,
-                });
-            };
-            if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
-                return Err(NfsStat3::Acces);
-            }
-            f.size
-        };
+        let size = self.file_to_write(ino, cred)?.size;
         let end = offset.saturating_add(length).min(size);
         if offset < end && !self.config.null {
             let blk = BLOCK_SIZE as u64;
@@ -1567,16 +1570,7 @@ impl Fs {
         }
         let blk = BLOCK_SIZE as u64;
         let missing: Vec<u64> = {
-            let i = self.inode(ino)?;
-            let Content::File(f) = &i.content else {
-                return Err(match i.content {
-                    Content::Dir(_) => NfsStat3::Isdir,
-                    _ => NfsStat3::Inval,
-                });
-            };
-            if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
-                return Err(NfsStat3::Acces);
-            }
+            let f = self.file_to_write(ino, cred)?;
             if length == 0 || self.config.null {
                 Vec::new()
             } else {
