@@ -6,6 +6,8 @@
 mod common;
 #[path = "common/mount_suite.rs"]
 mod mount_suite;
+#[path = "common/posix.rs"]
+mod posix;
 
 use common::{opts_at, EXPORTS};
 use mount_suite::{self as suite, Server, Target};

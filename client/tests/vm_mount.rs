@@ -12,6 +12,8 @@
 mod common;
 #[path = "common/mount_suite.rs"]
 mod mount_suite;
+#[path = "common/posix.rs"]
+mod posix;
 
 use common::root;
 use mount_suite::{self as suite, Server, Target};

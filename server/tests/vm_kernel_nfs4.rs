@@ -2,14 +2,20 @@
 //! over TCP and RPC-over-RDMA, and with no version given (it negotiates
 //! 4.2); the same file-system workload through each mount and through the
 //! kernel nfsd's NFSv4.2 mount as the control; data written over NFSv3
-//! read over NFSv4.2 and back; whole-file locks contended by two
+//! read over NFSv4.2 and back; the POSIX checks of `nfsrdma mount`
+//! through each mount; whole-file locks contended by two
 //! processes; a restart with `--state` during an open, locked file,
-//! which the client reclaims in the grace period.
+//! which the client reclaims in the grace period; a client cut off for
+//! longer than its lease loses its lock to another client.
 //!
 //! Ignored on the host (it needs root, rdma_rxe and the kernel NFS
 //! modules); `scripts/test-vm` runs it inside the VM.
 
 mod common;
+// The POSIX checks `nfsrdma mount` passes, run here through the kernel
+// client's NFSv4 mounts.
+#[path = "../../client/tests/common/posix.rs"]
+mod posix;
 
 use common::kernel::{addr, reset_nfs_services, sh, Daemon};
 use common::nfs4::V4;
@@ -66,6 +72,10 @@ fn mount(src: &str, mnt: &str, opts: &str) -> (String, String) {
 /// NFSv4.1 the client refuses them).
 fn workload(mnt: &Path, v42: bool) -> Vec<String> {
     let mut m = Vec::new();
+    let p = mnt.join("posix");
+    std::fs::create_dir(&p).unwrap();
+    posix::posix_checks(&p);
+    sh(&format!("rm -r {}", p.display()));
     let src = data(3 << 20, 7);
     std::fs::write("/tmp/v4-src", &src).unwrap();
     for bs in ["4k", "64k", "1M"] {
@@ -416,4 +426,130 @@ fn kernel_client_reclaims_its_open_and_lock_after_a_restart_with_state() {
     let (ok, report) = d.stop();
     assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
     let _ = std::fs::remove_file(state);
+}
+
+/// Runs `cmd` in the shell, ignoring how it ends (clean-up).
+fn sh_quiet(cmd: &str) {
+    let _ = Command::new("sh").arg("-c").arg(cmd).status();
+}
+
+/// Removes the network namespace and link the lease test makes.
+struct LeaseNet;
+
+impl Drop for LeaseNet {
+    fn drop(&mut self) {
+        sh_quiet("umount -f -l /mnt/v4l 2>/dev/null; ip link del vlease0 2>/dev/null; ip netns del nfslease 2>/dev/null");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_client_whose_lease_expires_loses_its_lock_to_another_client() {
+    common::kernel::in_vm(&["nfsv4"]);
+    let a = addr();
+    let lease = 10;
+    let d = Daemon::start(&["--lease", &lease.to_string()]);
+    // The kernel client in a network namespace of its own, behind a veth
+    // pair whose link the test can cut: it then cannot renew its lease.
+    sh_quiet("ip link del vlease0 2>/dev/null; ip netns del nfslease 2>/dev/null");
+    let _net = LeaseNet;
+    sh(
+        "ip netns add nfslease && ip link add vlease0 type veth peer name vlease1 && \
+        ip link set vlease1 netns nfslease && ip addr add 10.98.0.1/24 dev vlease0 && \
+        ip link set vlease0 up && \
+        ip netns exec nfslease sh -c 'ip addr add 10.98.0.2/24 dev vlease1 && \
+        ip link set vlease1 up && ip link set lo up && ip route add default via 10.98.0.1'",
+    );
+    // Mounted from inside the namespace (the client's transport lives
+    // there), used from this one.
+    sh(&format!(
+        "mkdir -p /mnt/v4l && nsenter --net=/run/netns/nfslease \
+         timeout 120 mount -t nfs -o vers=4.2,proto=tcp,port=2049 {a}:/export /mnt/v4l"
+    ));
+    for f in ["/tmp/l-held", "/tmp/l-go", "/tmp/l-wrote"] {
+        let _ = std::fs::remove_file(f);
+    }
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "exec 9>>/mnt/v4l/held; flock -x 9 || exit 3; echo before >&9 || exit 4; \
+             touch /tmp/l-held; while [ ! -e /tmp/l-go ]; do sleep 0.2; done; \
+             echo after >&9 && touch /tmp/l-wrote; exit 0",
+        )
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for("/tmp/l-held", 300),
+        "the holder never got its lock"
+    );
+    let tester: std::net::SocketAddr = format!("{a}:2049").parse().unwrap();
+    let mut other = V4::new(tester, "lease tester");
+    assert_eq!(lockt(&mut other).0, Status::DENIED, "the lock is not held");
+
+    // Cut the link: the holder's client goes silent. Its lock stays until
+    // its lease runs out, then goes with the rest of its state.
+    sh("ip link set vlease0 down");
+    let cut = std::time::Instant::now();
+    let mut freed = None;
+    while cut.elapsed().as_secs() < 6 * lease {
+        if lockt(&mut other).0 == Status::OK {
+            freed = Some(cut.elapsed());
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let freed = freed.expect("the silent client's lock was never released");
+    eprintln!(
+        "the lock went {:.1} s after the link was cut",
+        freed.as_secs_f64()
+    );
+    // The other client takes it.
+    let (open, fh) = other.open("held", false);
+    let lock = other.lock(&fh, open, 0, u64::MAX);
+    let nfsrdma_xdr::nfs4::ops::LockRes::Ok(lock_sid) = lock else {
+        panic!("the expired client's lock could not be taken: {lock:?}")
+    };
+
+    // The link comes back: the client finds its lease gone and starts
+    // over; its lock is now the other client's.
+    sh("ip link set vlease0 up");
+    std::fs::write("/tmp/l-go", b"").unwrap();
+    let st = holder.wait().unwrap();
+    eprintln!(
+        "the holder's write after the expiry {} ({st})",
+        if Path::new("/tmp/l-wrote").exists() {
+            "succeeded"
+        } else {
+            "failed"
+        }
+    );
+    let try_lock = || {
+        Command::new("sh")
+            .arg("-c")
+            .arg("exec 9>>/mnt/v4l/held; timeout 180 flock -n -x 9")
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(
+        try_lock(),
+        Some(1),
+        "the recovered client got a lock another client holds"
+    );
+    let r = other.run(vec![
+        ArgOp::Putfh(fh),
+        ArgOp::Locku(nfsrdma_xdr::nfs4::ops::LockuArgs {
+            locktype: LockType4::Write,
+            seqid: 0,
+            lock_stateid: lock_sid,
+            offset: 0,
+            length: u64::MAX,
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    assert_eq!(try_lock(), Some(0), "the released lock could not be taken");
+    sh("timeout 60 umount /mnt/v4l");
+    drop(_net);
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
 }
