@@ -616,6 +616,132 @@ fn nfsv42_copy_seek_allocate_and_deallocate() {
     assert_eq!(c.response.count, 64 << 20);
 }
 
+#[test]
+fn nfsv42_clone_within_and_between_files() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut v = V4::new(srv.addr, "clone");
+    let (src, sfh) = v.open("src", true);
+    let (dst, dfh) = v.open("dst", true);
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8 + 1).collect();
+    let clone = |src_offset, dst_offset, count| {
+        ArgOp::Clone(CloneArgs {
+            src_stateid: src,
+            dst_stateid: dst,
+            src_offset,
+            dst_offset,
+            count,
+        })
+    };
+    let read_dst = ArgOp::Read(ReadArgs {
+        stateid: dst,
+        offset: 0,
+        count: 1 << 20,
+    });
+    // All of src from 65536 (count 0: to its end) to dst at 0 (aligned
+    // whole blocks shared, the tail copied), then a piece at an odd place.
+    let r = v.run(vec![
+        ArgOp::Putfh(sfh.clone()),
+        ArgOp::Write(WriteArgs {
+            stateid: src,
+            offset: 0,
+            stable: StableHow4::FileSync,
+            data: Data(Payload::from_parts([Bytes::from(body.clone())])),
+        }),
+        ArgOp::Savefh,
+        ArgOp::Putfh(dfh.clone()),
+        clone(65536, 0, 0),
+        clone(7, 150_000, 1000),
+        read_dst.clone(),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let mut want = body[65536..].to_vec();
+    want.resize(151_000, 0);
+    want[150_000..].copy_from_slice(&body[7..1007]);
+    let ResOp::Read(Ok(rd)) = &r.results[7] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(rd.data.0.to_contiguous().as_ref(), &want[..]);
+    // Errors: past the source's end; overlapping ranges of one file; the
+    // source handle from nowhere (no saved handle).
+    let r = v.run(vec![
+        ArgOp::Putfh(sfh.clone()),
+        ArgOp::Savefh,
+        ArgOp::Putfh(dfh.clone()),
+        clone(199_000, 0, 1001),
+    ]);
+    assert_eq!(r.status, Status::INVAL, "past the end: {r:?}");
+    let r = v.run(vec![
+        ArgOp::Putfh(dfh.clone()),
+        ArgOp::Savefh,
+        ArgOp::Clone(CloneArgs {
+            src_stateid: dst,
+            dst_stateid: dst,
+            src_offset: 0,
+            dst_offset: 1000,
+            count: 4096,
+        }),
+    ]);
+    assert_eq!(r.status, Status::INVAL, "overlap: {r:?}");
+    let r = v.run(vec![ArgOp::Putfh(dfh.clone()), clone(0, 0, 1)]);
+    assert_eq!(r.status, Status::NOFILEHANDLE, "{r:?}");
+    // Not a write open of the destination: the source's stateid for it.
+    let r = v.run(vec![
+        ArgOp::Putfh(sfh.clone()),
+        ArgOp::Savefh,
+        ArgOp::Putfh(dfh.clone()),
+        ArgOp::Clone(CloneArgs {
+            src_stateid: src,
+            dst_stateid: src,
+            src_offset: 0,
+            dst_offset: 0,
+            count: 1,
+        }),
+    ]);
+    assert_eq!(r.status, Status::BAD_STATEID, "{r:?}");
+    // Nothing of that changed dst.
+    let r = v.run(vec![ArgOp::Putfh(dfh.clone()), read_dst]);
+    let ResOp::Read(Ok(rd)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(rd.data.0.to_contiguous().as_ref(), &want[..]);
+    // A clone of several pieces (the server takes its lock per MiB): src
+    // grows to 3 MiB + 5 with a mark near its end, all of it goes to dst
+    // at 192 KiB.
+    let mark = ArgOp::Write(WriteArgs {
+        stateid: src,
+        offset: (3 << 20) - 3,
+        stable: StableHow4::FileSync,
+        data: Data(Payload::from_parts([Bytes::from_static(b"markend")])),
+    });
+    let r = v.run(vec![
+        ArgOp::Putfh(sfh.clone()),
+        mark,
+        ArgOp::Savefh,
+        ArgOp::Putfh(dfh.clone()),
+        clone(0, 192 << 10, 0),
+        ArgOp::Read(ReadArgs {
+            stateid: dst,
+            offset: (192 << 10) + (3 << 20) - 3,
+            count: 100,
+        }),
+        ArgOp::Read(ReadArgs {
+            stateid: dst,
+            offset: 192 << 10,
+            count: 200_000,
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let ResOp::Read(Ok(end)) = &r.results[6] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(end.data.0.to_contiguous().as_ref(), b"markend");
+    assert!(end.eof);
+    let ResOp::Read(Ok(start)) = &r.results[7] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(start.data.0.to_contiguous().as_ref(), &body[..]);
+}
+
 /// OPEN of the file `fh` names, with `claim` (CLAIM_PREVIOUS or CLAIM_FH).
 fn open_fh(v: &mut V4, fh: &Fh4, claim: OpenClaim4) -> Compound4Res {
     let owner = Opaque4(Bytes::from_static(v.owner.as_bytes()));

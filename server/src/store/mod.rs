@@ -1602,6 +1602,102 @@ impl Fs {
         Ok(())
     }
 
+    /// Clones `[src_off, src_off + count)` of the file `src` to `dst_off`
+    /// in the file `dst` (NFSv4.2 CLONE): `dst` then reads the source's
+    /// bytes there and grows to the range's end if it is shorter. Each
+    /// 64 KiB block that the range covers whole at the same place in a
+    /// block of both files is shared between them, not copied (a later
+    /// write to either file copies it first; each file counts it in its
+    /// space used), and a hole in the source becomes a hole; the rest is
+    /// copied. NFS3ERR_INVAL when the range reaches past the end of the
+    /// source; NFS3ERR_NOSPC when the capacity runs out (the blocks before
+    /// are cloned by then). The caller checks that ranges within one file
+    /// do not overlap.
+    pub fn clone_range(
+        &mut self,
+        src: Ino,
+        dst: Ino,
+        cred: &Cred,
+        src_off: u64,
+        dst_off: u64,
+        count: u64,
+    ) -> SResult<()> {
+        let end = dst_off.checked_add(count).ok_or(NfsStat3::Fbig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(NfsStat3::Fbig);
+        }
+        self.file_to_write(dst, cred)?;
+        let src_size = self.file_to_read(src)?.size;
+        if src_off.checked_add(count).is_none_or(|e| e > src_size) {
+            return Err(NfsStat3::Inval);
+        }
+        let blk = BLOCK_SIZE as u64;
+        let mut done = 0;
+        while done < count && !self.config.null {
+            let (s, d, left) = (src_off + done, dst_off + done, count - done);
+            if s % blk == 0
+                && d % blk == 0
+                && left >= blk
+                && self.share_block(src, s / blk, dst, d / blk)?
+            {
+                done += blk;
+                continue;
+            }
+            // Up to the end of the destination's block.
+            let n = left.min(blk - d % blk) as u32;
+            let (data, _) = self.read(src, cred, s, n)?;
+            let data = Payload::from_parts([data.to_contiguous()]);
+            self.write_blocks(dst, d, &data)?;
+            done += u64::from(n);
+        }
+        let t = now();
+        let i = self.inode_mut(dst)?;
+        if let Content::File(f) = &mut i.content {
+            f.size = f.size.max(end);
+        }
+        i.attr.mtime = t;
+        i.attr.set_ctime(t);
+        Ok(())
+    }
+
+    fn file_to_read(&self, ino: Ino) -> SResult<&FileData> {
+        match &self.inode(ino)?.content {
+            Content::File(f) => Ok(f),
+            Content::Dir(_) => Err(NfsStat3::Isdir),
+            _ => Err(NfsStat3::Inval),
+        }
+    }
+
+    /// Block `dk` of `dst` becomes block `sk` of `src`, shared (or a hole
+    /// where `src` has one). False, with nothing changed, for a block
+    /// smaller than `BLOCK_SIZE` (a small file's), which is copied instead.
+    fn share_block(&mut self, src: Ino, sk: u64, dst: Ino, dk: u64) -> SResult<bool> {
+        let block = self.file_to_read(src)?.blocks.get(&sk).cloned();
+        if matches!(&block, Some(FileBlock::Whole(b)) if b.capacity() < BLOCK_SIZE) {
+            return Ok(false);
+        }
+        let add = block.as_ref().map_or(0, FileBlock::pinned) as u64;
+        let (capacity, used) = (self.config.capacity_bytes, self.used_bytes);
+        let i = self.slots[dst.0 as usize]
+            .inode
+            .as_mut()
+            .ok_or(NfsStat3::Stale)?;
+        let Content::File(f) = &mut i.content else {
+            return Err(NfsStat3::Inval);
+        };
+        let old = f.blocks.get(&dk).map_or(0, FileBlock::pinned) as u64;
+        if used + add > capacity.saturating_add(old) {
+            return Err(NfsStat3::Nospc);
+        }
+        match block {
+            Some(b) => f.blocks.insert(dk, b),
+            None => f.blocks.remove(&dk),
+        };
+        f.used = f.used + add - old;
+        self.used_bytes = self.used_bytes + add - old;
+        Ok(true)
+    }
+
     /// Where the next data (`data`) or hole (`!data`) at or after
     /// `offset` starts (NFSv4.2 SEEK, `lseek` SEEK_DATA and SEEK_HOLE), by
     /// 64 KiB block: a block the file holds memory for is data, one it

@@ -1624,3 +1624,100 @@ fn allocate_reserves_the_blocks_of_a_range_or_nothing() {
         Err(NfsStat3::Fbig)
     );
 }
+
+#[test]
+fn clone_shares_whole_blocks_copies_the_rest_and_writes_stay_apart() {
+    const B: u64 = blocks::BLOCK_SIZE as u64;
+    let s = store();
+    let mut fs = s.write();
+    let root = fs.root();
+    let a = mkfile(&mut fs, root, "a");
+    let b = mkfile(&mut fs, root, "b");
+    // a: blocks 0-2 of data, a hole at block 3, block 4 partly.
+    let mut model_a: Vec<u8> = (0..5 * B).map(|i| (i % 253) as u8 + 1).collect();
+    model_a[(3 * B) as usize..(4 * B) as usize].fill(0);
+    model_a.truncate((4 * B + 300) as usize);
+    write(&mut fs, a, 0, &model_a[..(3 * B) as usize]);
+    write(&mut fs, a, 4 * B, &model_a[(4 * B) as usize..]);
+    // b: data everywhere the clone lands, and past it.
+    let mut model_b = vec![0xeeu8; (7 * B) as usize];
+    write(&mut fs, b, 0, &model_b);
+    let (copied, _) = fs.write_stats();
+    let free = fs.fsstat().1;
+
+    // Blocks 0-3 of a (the hole too) to block 1 of b: aligned, whole
+    // blocks: shared, nothing copied; b's block 4 becomes a hole.
+    fs.clone_range(a, b, &Cred::root(), 0, B, 4 * B).unwrap();
+    model_b[B as usize..(5 * B) as usize].copy_from_slice(&model_a[..(4 * B) as usize]);
+    assert_eq!(fs.write_stats().0, copied, "whole blocks are not copied");
+    assert_eq!(
+        fs.seek(b, 4 * B, true).unwrap(),
+        Some(5 * B),
+        "the hole came along"
+    );
+    // b gave up one block's memory (the hole) and counts three shared ones
+    // again as it held them before: its space used is unchanged but one block.
+    assert_eq!(fs.fsstat().1, free + B);
+    assert_eq!(read(&fs, b, 0, (7 * B) as u32).0, model_b);
+    assert_eq!(fs.getattr(b).unwrap().size, 7 * B);
+
+    // Writes to either file after the clone stay in that file.
+    write(&mut fs, a, 10, b"only in a");
+    model_a[10..19].copy_from_slice(b"only in a");
+    write(&mut fs, b, B + 2 * B + 5, b"only in b");
+    model_b[(3 * B + 5) as usize..(3 * B + 14) as usize].copy_from_slice(b"only in b");
+    assert_eq!(read(&fs, a, 0, (5 * B) as u32).0, model_a);
+    assert_eq!(read(&fs, b, 0, (7 * B) as u32).0, model_b);
+
+    // Unaligned: copied; to the source's end, past b's end: b grows.
+    let (from, to, n) = (1000, 6 * B + 17, model_a.len() as u64 - 1000);
+    fs.clone_range(a, b, &Cred::root(), from, to, n).unwrap();
+    model_b.resize((to + n) as usize, 0);
+    model_b[to as usize..].copy_from_slice(&model_a[from as usize..]);
+    assert_eq!(fs.getattr(b).unwrap().size, to + n);
+    assert_eq!(read(&fs, b, 0, (12 * B) as u32).0, model_b);
+
+    // Within one file, to a place that does not overlap.
+    fs.clone_range(a, a, &Cred::root(), B, 2 * B, B / 2)
+        .unwrap();
+    let piece = model_a[B as usize..(B + B / 2) as usize].to_vec();
+    model_a[(2 * B) as usize..(2 * B + B / 2) as usize].copy_from_slice(&piece);
+    assert_eq!(read(&fs, a, 0, (5 * B) as u32).0, model_a);
+
+    // Past the source's end: INVAL, nothing changed.
+    assert_eq!(
+        fs.clone_range(a, b, &Cred::root(), 4 * B, 0, 301),
+        Err(NfsStat3::Inval)
+    );
+    assert_eq!(read(&fs, b, 0, (12 * B) as u32).0, model_b);
+    // A directory is neither source nor destination.
+    assert_eq!(
+        fs.clone_range(root, b, &Cred::root(), 0, 0, 1),
+        Err(NfsStat3::Isdir)
+    );
+    assert_eq!(
+        fs.clone_range(a, root, &Cred::root(), 0, 0, 1),
+        Err(NfsStat3::Isdir)
+    );
+}
+
+#[test]
+fn clone_of_shared_blocks_counts_against_the_capacity() {
+    const B: u64 = blocks::BLOCK_SIZE as u64;
+    let s = Store::new(StoreConfig {
+        capacity_bytes: 4 * B,
+        max_inodes: 4,
+        ..Default::default()
+    });
+    let mut fs = s.write();
+    let root = fs.root();
+    let a = mkfile(&mut fs, root, "a");
+    let b = mkfile(&mut fs, root, "b");
+    write(&mut fs, a, 0, &vec![3u8; (3 * B) as usize]);
+    // One more block fits, three do not: NOSPC.
+    fs.clone_range(a, b, &Cred::root(), 0, 0, B).unwrap();
+    assert_eq!(
+        fs.clone_range(a, b, &Cred::root(), B, B, 2 * B),
+        Err(NfsStat3::Nospc)
+    );
+}
