@@ -742,6 +742,128 @@ fn nfsv42_clone_within_and_between_files() {
     assert_eq!(start.data.0.to_contiguous().as_ref(), &body[..]);
 }
 
+#[test]
+fn a_file_removed_while_open_stays_until_its_last_close() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut a = V4::new(srv.addr, "holder");
+    let mut b = V4::new(srv.addr, "remover");
+    let (sa, fh) = a.open("doomed", true);
+    let (sb, _) = b.open("doomed", false);
+    let r = a.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Write(WriteArgs {
+            stateid: sa,
+            offset: 0,
+            stable: StableHow4::FileSync,
+            data: Data(Payload::from_parts([Bytes::from_static(b"still here")])),
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    // OPEN said so: OPEN4_RESULT_PRESERVE_UNLINKED.
+    let r = a.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Lookup("export".into()),
+        ArgOp::Open(OpenArgs {
+            seqid: 0,
+            share_access: share::ACCESS_READ,
+            share_deny: 0,
+            owner: StateOwner4 {
+                clientid: a.clientid,
+                owner: Opaque4(Bytes::from_static(b"another owner")),
+            },
+            openhow: None,
+            claim: OpenClaim4::Null(Utf8Str(Bytes::from_static(b"doomed"))),
+        }),
+    ]);
+    let ResOp::Open(Ok(o)) = &r.results[3] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(o.rflags & 8, 8, "OPEN4_RESULT_PRESERVE_UNLINKED");
+    let sa2 = o.stateid;
+    let r = b.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Lookup("export".into()),
+        ArgOp::Remove("doomed".into()),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let read = |v: &mut V4, sid| {
+        v.run(vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Read(ReadArgs {
+                stateid: sid,
+                offset: 0,
+                count: 100,
+            }),
+            ArgOp::Getattr(Bitmap4::from_bits([n::NUMLINKS])),
+        ])
+    };
+    let close = |v: &mut V4, sid| {
+        v.run(vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Close(CloseArgs {
+                seqid: 0,
+                open_stateid: sid,
+            }),
+        ])
+    };
+    // Gone from the directory, still there through its handle, with no
+    // links, for as long as any open of it is left.
+    for (sid, who) in [(sa, &mut a), (sb, &mut b)] {
+        let r = read(who, sid);
+        assert_eq!(r.status, Status::OK, "{r:?}");
+        let ResOp::Read(Ok(rd)) = &r.results[2] else {
+            panic!("{r:?}")
+        };
+        assert_eq!(rd.data.0.to_contiguous().as_ref(), b"still here");
+        let ResOp::Getattr(Ok(at)) = &r.results[3] else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            Decoder::new(at.attr_vals.0.clone()).u32("nlink").unwrap(),
+            0
+        );
+    }
+    assert_eq!(close(&mut b, sb).status, Status::OK);
+    assert_eq!(close(&mut a, sa).status, Status::OK);
+    assert_eq!(read(&mut a, sa2).status, Status::OK, "one open is left");
+    assert_eq!(close(&mut a, sa2).status, Status::OK);
+    // The last CLOSE freed it.
+    let r = a.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Getattr(Bitmap4::from_bits([n::SIZE])),
+    ]);
+    assert_eq!(r.status, Status::STALE, "{r:?}");
+
+    // A client's state going (its lease ran out) frees a file it held
+    // open and that was renamed over meanwhile.
+    let mut c = V4::new(srv.addr, "short-lived");
+    let (_, fh2) = c.open("replaced", true);
+    let (_, _) = a.open("newer", true);
+    let r = a.run(vec![
+        ArgOp::Putrootfh,
+        ArgOp::Lookup("export".into()),
+        ArgOp::Savefh,
+        ArgOp::Rename(RenameArgs {
+            oldname: "newer".into(),
+            newname: "replaced".into(),
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let getattr = |v: &mut V4| {
+        v.run(vec![
+            ArgOp::Putfh(fh2.clone()),
+            ArgOp::Getattr(Bitmap4::from_bits([n::SIZE])),
+        ])
+        .status
+    };
+    assert_eq!(getattr(&mut a), Status::OK, "kept while c holds it open");
+    srv.service
+        .nfs4()
+        .state
+        .age_client(c.clientid, Duration::from_secs(3600));
+    assert_eq!(getattr(&mut a), Status::STALE, "freed with c's state");
+}
+
 /// OPEN of the file `fh` names, with `claim` (CLAIM_PREVIOUS or CLAIM_FH).
 fn open_fh(v: &mut V4, fh: &Fh4, claim: OpenClaim4) -> Compound4Res {
     let owner = Opaque4(Bytes::from_static(v.owner.as_bytes()));

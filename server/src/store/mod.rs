@@ -16,7 +16,7 @@ use nfsrdma_xdr::nfs3::{
     access, Fattr3, Ftype3, NfsStat3, NfsTime3, Sattr3, SetTime, SpecData3, WccAttr,
 };
 use nfsrdma_xdr::Payload;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 
 mod snapshot;
@@ -344,6 +344,9 @@ pub struct Fs {
     null_read: AtomicU64,
     /// A null export's WRITE bytes discarded.
     null_discarded: u64,
+    /// Files an NFSv4 client holds open: one unlinked meanwhile stays (with
+    /// no links) until [`Fs::release`].
+    held: HashSet<Ino>,
 }
 
 /// An in-memory file system shared by the service's workers.
@@ -376,6 +379,7 @@ impl Store {
             zeros,
             null_read: AtomicU64::new(0),
             null_discarded: 0,
+            held: HashSet::new(),
         };
         let now = now();
         let root = fs
@@ -505,7 +509,22 @@ impl Fs {
         Ok(Ino(i))
     }
 
+    /// Keeps the file `ino` while it is open (NFSv4 OPEN): unlinked, it
+    /// stays readable and writable through its handle, with no links,
+    /// until [`Fs::release`]. Not saved in a snapshot once unlinked.
+    pub fn hold(&mut self, ino: Ino) {
+        self.held.insert(ino);
+    }
+
+    /// The last open of `ino` is gone: a file with no links left goes now.
+    pub fn release(&mut self, ino: Ino) {
+        if self.held.remove(&ino) && self.inode(ino).is_ok_and(|i| i.attr.nlink == 0) {
+            self.free_inode(ino);
+        }
+    }
+
     fn free_inode(&mut self, ino: Ino) {
+        self.held.remove(&ino);
         if let Some(inode) = self.slots[ino.0 as usize].inode.take() {
             if let Content::File(f) = inode.content {
                 self.used_bytes -= f.used;
@@ -982,7 +1001,7 @@ impl Fs {
         i.attr.nlink = i.attr.nlink.saturating_sub(1);
         i.attr.set_ctime(t);
         let dead = i.attr.nlink == 0 || (i.attr.kind == Ftype3::Dir && i.attr.nlink <= 1);
-        if dead {
+        if dead && !self.held.contains(&ino) {
             self.free_inode(ino);
         }
         Ok(())

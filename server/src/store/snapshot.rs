@@ -102,7 +102,9 @@ impl Fs {
         w.u32(self.slots.len() as u32)?;
         for slot in &self.slots {
             w.u32(slot.generation)?;
-            let Some(i) = &slot.inode else {
+            // A file kept only while open (unlinked) is not saved: its
+            // opens end with this instance.
+            let Some(i) = slot.inode.as_ref().filter(|i| i.attr.nlink > 0) else {
                 w.u8(0)?;
                 continue;
             };
@@ -202,6 +204,7 @@ impl Store {
             zeros,
             null_read: AtomicU64::new(0),
             null_discarded: 0,
+            held: HashSet::new(),
         };
         for idx in 0..nslots {
             let generation = r.u32()?;

@@ -1721,3 +1721,46 @@ fn clone_of_shared_blocks_counts_against_the_capacity() {
         Err(NfsStat3::Nospc)
     );
 }
+
+#[test]
+fn a_held_file_outlives_its_last_unlink_until_released() {
+    let s = store();
+    let (a, b, c);
+    {
+        let mut fs = s.write();
+        let root = fs.root();
+        a = mkfile(&mut fs, root, "a");
+        b = mkfile(&mut fs, root, "b");
+        c = mkfile(&mut fs, root, "c");
+        write(&mut fs, a, 0, b"open and removed");
+        write(&mut fs, b, 0, b"open and renamed over");
+        fs.hold(a);
+        fs.hold(b);
+        fs.remove(root, b"a", &Cred::root()).unwrap();
+        fs.rename(root, b"c", root, b"b", &Cred::root()).unwrap();
+        // Both still read and write through their handles, with no links.
+        assert_eq!(read(&fs, a, 0, 100).0, b"open and removed");
+        write(&mut fs, b, 0, b"OPEN");
+        assert_eq!(read(&fs, b, 0, 100).0, b"OPEN and renamed over");
+        assert_eq!(fs.getattr(a).unwrap().nlink, 0);
+        assert_eq!(fs.lookup(root, b"a", &Cred::root()), Err(NfsStat3::Noent));
+        assert_eq!(fs.lookup(root, b"b", &Cred::root()).unwrap(), c);
+    }
+    // A snapshot leaves them out (their opens end with the instance).
+    let mut buf = Vec::new();
+    s.snapshot(&mut buf).unwrap();
+    let t = Store::restore(StoreConfig::default(), Box::new(HeapSource), &mut &buf[..]).unwrap();
+    assert_eq!(t.read().getattr(a).err(), Some(NfsStat3::Stale));
+    assert!(t.read().getattr(c).is_ok());
+    let mut fs = s.write();
+    let files = fs.fsstat().3;
+    fs.release(a);
+    assert_eq!(fs.getattr(a).err(), Some(NfsStat3::Stale));
+    assert_eq!(fs.fsstat().3, files + 1, "its inode is free again");
+    // Released while linked: nothing happens; a later unlink frees it.
+    fs.release(c);
+    let root = fs.root();
+    fs.remove(root, b"b", &Cred::root()).unwrap();
+    assert_eq!(fs.getattr(c).err(), Some(NfsStat3::Stale));
+    assert!(fs.getattr(b).is_ok(), "b is still held");
+}

@@ -212,7 +212,9 @@ impl Service {
             res.status = Status::TOO_MANY_OPS;
             return res;
         }
-        v4.state.sweep(Instant::now());
+        if v4.state.sweep(Instant::now()) {
+            self.release_closed();
+        }
         let mut cx = Cx {
             caller,
             minor: a.minorversion,
@@ -286,6 +288,7 @@ impl Service {
                 res.status = Status::BADXDR;
             }
         }
+        self.release_closed();
         if let Some((sid, slotid, cachethis)) = slot {
             let len = res.encoded_len();
             if len > v4.state.max_response(&sid) as usize {
@@ -302,6 +305,22 @@ impl Service {
             v4.state.slot_done(&sid, slotid, cache);
         }
         res
+    }
+
+    /// Tells the stores which files lost their last open (by CLOSE, by
+    /// lease expiry or with their client), so that those unlinked while
+    /// open go now.
+    fn release_closed(&self) {
+        for (idx, ino) in self.nfs4.state.take_released() {
+            if let Some(ex) = self.exports.get(idx) {
+                let mut fs = ex.store.write();
+                // Opened again meanwhile: kept (under the store's lock, no
+                // OPEN can come between the check and the release).
+                if !self.nfs4.state.is_open((idx, ino)) {
+                    fs.release(ino);
+                }
+            }
+        }
     }
 
     /// The fore channel limits this server grants.

@@ -860,7 +860,8 @@ impl Service {
             }
         }
         let after = fs.change(dir).map_err(st)?;
-        drop(fs);
+        // Under the store's lock (the order is store, then state), so that
+        // a REMOVE cannot come between the open and the hold.
         let sid = self.nfs4.state.open(&OpenRequest {
             client,
             owner: &a.owner.owner,
@@ -868,13 +869,18 @@ impl Service {
             access,
             deny: a.share_deny,
         })?;
+        fs.hold(ino);
+        drop(fs);
         cx.cur = Some(Fh::File(t.idx, ino));
         cx.cur_sid = Some(sid);
         Ok(OpenResOk {
             stateid: sid,
             cinfo: cinfo(before, after),
-            // OPEN4_RESULT_LOCKTYPE_POSIX.
-            rflags: 4,
+            // OPEN4_RESULT_LOCKTYPE_POSIX, and
+            // OPEN4_RESULT_PRESERVE_UNLINKED: a file removed while open
+            // stays until its last CLOSE (so the client need not rename it
+            // aside).
+            rflags: 4 | 8,
             attrset,
             delegation: OpenDelegation4::None,
         })

@@ -113,6 +113,9 @@ struct Tables {
     next: u64,
     last_sweep: Option<Instant>,
     grace: Option<Grace>,
+    /// Files whose last open went (CLOSE, lease expiry, a client's
+    /// destruction), for the store to release ([`State4::take_released`]).
+    released: Vec<FileKey>,
 }
 
 /// The grace period after a restart.
@@ -299,13 +302,14 @@ impl State4 {
     }
 
     /// Drops every client whose lease ran out, with its sessions, opens
-    /// and locks (at most once a second; called at every COMPOUND).
-    pub fn sweep(&self, now: Instant) {
+    /// and locks (at most once a second; called at every COMPOUND). True
+    /// when files lost their last open ([`State4::take_released`]).
+    pub fn sweep(&self, now: Instant) -> bool {
         let mut t = self.lock();
         if t.last_sweep
             .is_some_and(|l| now.duration_since(l) < Duration::from_secs(1))
         {
-            return;
+            return false;
         }
         t.last_sweep = Some(now);
         let expired: Vec<u64> = t
@@ -321,6 +325,7 @@ impl State4 {
             );
             purge_client(&mut t, id);
         }
+        !t.released.is_empty()
     }
 
     // ---- EXCHANGE_ID and client records --------------------------------------
@@ -1021,6 +1026,21 @@ impl State4 {
         }
     }
 
+    /// Whether any client holds `file` open.
+    pub fn is_open(&self, file: FileKey) -> bool {
+        is_open(&self.lock(), file)
+    }
+
+    /// The files whose last open went since the last call.
+    pub fn take_released(&self) -> Vec<FileKey> {
+        let mut t = self.lock();
+        if t.released.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut t.released)
+        }
+    }
+
     /// Number of clients, sessions and stateids (for tests and reports).
     pub fn counts(&self) -> (usize, usize, usize) {
         let t = self.lock();
@@ -1086,6 +1106,9 @@ fn remove_state(t: &mut Tables, other: &[u8; 12]) {
                 t.by_file.remove(&e.file);
             }
         }
+        if matches!(e.kind, Kind::Open { .. }) && !is_open(t, e.file) {
+            t.released.push(e.file);
+        }
         if let Some(rs) = t.locks.get_mut(&e.file) {
             rs.retain(|r| &r.state != other);
             if rs.is_empty() {
@@ -1093,6 +1116,13 @@ fn remove_state(t: &mut Tables, other: &[u8; 12]) {
             }
         }
     }
+}
+
+fn is_open(t: &Tables, file: FileKey) -> bool {
+    t.by_file.get(&file).is_some_and(|v| {
+        v.iter()
+            .any(|o| matches!(t.states[o].kind, Kind::Open { .. }))
+    })
 }
 
 fn grace_on(t: &mut Tables, now: Instant) -> bool {
