@@ -249,6 +249,8 @@ fn kernel_client_mounts_nfsv41_and_nfsv42_over_tcp_and_rdma() {
     let mut manifests = Vec::new();
     for (opts, vers, xprt) in [
         ("vers=4.1,proto=tcp", "4.1", "tcp"),
+        ("vers=4.1,proto=rdma,port=20049", "4.1", "rdma"),
+        ("vers=4.2,proto=tcp", "4.2", "tcp"),
         ("vers=4.2,proto=rdma,port=20049", "4.2", "rdma"),
         // What a user types: no version.
         ("proto=rdma,port=20049", "4.2", "rdma"),
@@ -301,6 +303,18 @@ fn kernel_client_mounts_nfsv41_and_nfsv42_over_tcp_and_rdma() {
         .and_then(|l| l.split_whitespace().next())
         .map_or(0, |n| n.parse().unwrap());
     assert!(binds <= 10, "{binds} BIND_CONN_TO_SESSION calls");
+    // `cp` asks for a clone first (FICLONE): over each NFSv4.2 mount that
+    // is a CLONE, which nfsrdmad does (the kernel nfsd's tmpfs cannot; its
+    // client then copies).
+    let clones: Vec<u64> = report
+        .lines()
+        .find_map(|l| l.strip_prefix("CLONE "))
+        .map(|l| l.split_whitespace().map(|n| n.parse().unwrap()).collect())
+        .unwrap_or_default();
+    assert!(
+        clones.len() == 2 && clones[0] >= 3 && clones[1] == 0,
+        "CLONE calls and errors: {clones:?}"
+    );
 
     // The control: the kernel nfsd over NFSv4.2 and RDMA.
     let up = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/vm/guest/knfsd-up");
