@@ -8,8 +8,6 @@ Run: python3 -m unittest discover -s scripts/tests (scripts/test does).
 """
 
 import copy
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -18,17 +16,9 @@ import tempfile
 import unittest
 from contextlib import redirect_stdout
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scriptmod import SCRIPTS, module
+
 ROOT = os.path.dirname(SCRIPTS)
-
-
-def module(name):
-    path = os.path.join(SCRIPTS, name)
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
 
 
 dr = module("demo-render")

@@ -6,8 +6,6 @@ known.
 Run: python3 -m unittest discover -s scripts/tests (scripts/test does).
 """
 
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -18,16 +16,7 @@ import unittest
 import xml.etree.ElementTree as ET
 from contextlib import redirect_stdout
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def module(name):
-    path = os.path.join(SCRIPTS, name)
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+from scriptmod import SCRIPTS, module
 
 
 lr = module("load-render")

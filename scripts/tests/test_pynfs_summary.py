@@ -5,8 +5,6 @@ two servers' results, on small result sets made here.
 Run: python3 -m unittest discover -s scripts/tests (scripts/test does).
 """
 
-import importlib.machinery
-import importlib.util
 import io
 import os
 import subprocess
@@ -15,16 +13,7 @@ import tempfile
 import unittest
 from contextlib import redirect_stderr, redirect_stdout
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def module(name):
-    path = os.path.join(SCRIPTS, name)
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), path)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+from scriptmod import SCRIPTS, module
 
 
 ps = module("pynfs-summary")

@@ -214,20 +214,7 @@ impl Drop for Mount {
     }
 }
 
-pub fn errno_of(e: &std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(-1)
-}
-
-pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("run command");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+pub use crate::posix::{errno_of, run};
 
 /// Runs `f` with a second client (the library) on the target's export.
 fn with_other_client(t: &dyn Target, f: impl AsyncFnOnce(Client)) {

@@ -26,11 +26,12 @@ fn at(dir: &Path, rel: &str) -> PathBuf {
     dir.join(rel)
 }
 
-fn errno_of(e: &std::io::Error) -> i32 {
+pub fn errno_of(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
 }
 
-fn run(cmd: &mut Command) -> String {
+/// Runs `cmd`; panics with its output when it fails.
+pub fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run command");
     assert!(
         out.status.success(),

@@ -1053,18 +1053,21 @@ impl Service {
         }
     }
 
-    /// COPY within one export, synchronously: the saved handle is the
-    /// source, the current one the destination.
-    fn copy4(&self, cx: &Cx, a: &CopyArgs) -> R<CopyResOk> {
-        if !a.source_server.0.is_empty() {
-            return Err(Status::NOTSUPP);
-        }
-        let (t, dst) = self.space_target(cx, &a.dst_stateid, true)?;
+    /// COPY's and CLONE's files: the destination (the current handle,
+    /// open for writing), the source (the saved handle, in the same
+    /// export, open for reading) and the source's size.
+    fn copy_files(
+        &self,
+        cx: &Cx,
+        src_stateid: &Stateid4,
+        dst_stateid: &Stateid4,
+    ) -> R<(Target<'_>, Ino, Ino, u64)> {
+        let (t, dst) = self.space_target(cx, dst_stateid, true)?;
         let src = match cx.saved.ok_or(Status::NOFILEHANDLE)? {
             Fh::File(idx, ino) if idx == t.idx => ino,
             Fh::File(..) | Fh::Pseudo(_) => return Err(Status::XDEV),
         };
-        let src_sid = cx.sid(&a.src_stateid)?;
+        let src_sid = cx.sid(src_stateid)?;
         self.nfs4
             .state
             .check_io(cx.client, &src_sid, (t.idx, src), false)?;
@@ -1073,6 +1076,16 @@ impl Service {
             need_file(&fs, src)?;
             fs.getattr(src).map_err(st)?.size
         };
+        Ok((t, dst, src, size))
+    }
+
+    /// COPY within one export, synchronously: the saved handle is the
+    /// source, the current one the destination.
+    fn copy4(&self, cx: &Cx, a: &CopyArgs) -> R<CopyResOk> {
+        if !a.source_server.0.is_empty() {
+            return Err(Status::NOTSUPP);
+        }
+        let (t, dst, src, size) = self.copy_files(cx, &a.src_stateid, &a.dst_stateid)?;
         if a.src_offset > size {
             return Err(Status::INVAL);
         }
@@ -1118,20 +1131,7 @@ impl Service {
     /// blocks and copies the rest, so any offsets and lengths are taken
     /// (`clone_blksize` is not reported).
     fn clone4(&self, cx: &Cx, a: &CloneArgs) -> R<()> {
-        let (t, dst) = self.space_target(cx, &a.dst_stateid, true)?;
-        let src = match cx.saved.ok_or(Status::NOFILEHANDLE)? {
-            Fh::File(idx, ino) if idx == t.idx => ino,
-            Fh::File(..) | Fh::Pseudo(_) => return Err(Status::XDEV),
-        };
-        let src_sid = cx.sid(&a.src_stateid)?;
-        self.nfs4
-            .state
-            .check_io(cx.client, &src_sid, (t.idx, src), false)?;
-        let size = {
-            let fs = t.ex.store.read();
-            need_file(&fs, src)?;
-            fs.getattr(src).map_err(st)?.size
-        };
+        let (t, dst, src, size) = self.copy_files(cx, &a.src_stateid, &a.dst_stateid)?;
         let count = if a.count == 0 {
             size.checked_sub(a.src_offset).ok_or(Status::INVAL)?
         } else {
