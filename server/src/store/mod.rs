@@ -1664,8 +1664,10 @@ impl Fs {
             }
             // Up to the end of the destination's block.
             let n = left.min(blk - d % blk) as u32;
+            // The read's slices of the source's blocks are written as they
+            // are (a block they share with the destination is copied on
+            // write, not changed under them).
             let (data, _) = self.read(src, cred, s, n)?;
-            let data = Payload::from_parts([data.to_contiguous()]);
             self.write_blocks(dst, d, &data)?;
             done += u64::from(n);
         }

@@ -14,6 +14,7 @@ use nfsrdma_xdr::nfs4::{
     share, Compound4Res, LockType4, Opaque4, SessionId4, StateOwner4, Stateid4, Status,
 };
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -147,6 +148,9 @@ pub struct State4 {
     /// Differs at every start: the high half of client ids and the first
     /// word of every stateid's `other`.
     boot: u32,
+    /// Set when `Tables::released` gains files, so that the COMPOUND path
+    /// looks at the tables only then ([`State4::take_released`]).
+    released_any: AtomicBool,
 }
 
 /// How SEQUENCE's slot check came out.
@@ -204,6 +208,14 @@ impl State4 {
             t: Mutex::new(Tables::default()),
             lease,
             boot,
+            released_any: AtomicBool::new(false),
+        }
+    }
+
+    /// Call after removing states: flags files whose last open went.
+    fn note_released(&self, t: &Tables) {
+        if !t.released.is_empty() {
+            self.released_any.store(true, Ordering::Release);
         }
     }
 
@@ -325,6 +337,7 @@ impl State4 {
             );
             purge_client(&mut t, id);
         }
+        self.note_released(&t);
         !t.released.is_empty()
     }
 
@@ -374,6 +387,7 @@ impl State4 {
             // principal, new verifier) only when the new one is confirmed.
             if u != uid {
                 purge_client(&mut t, id);
+                self.note_released(&t);
             }
         }
         // A new client, a restarted one (new verifier: its old record goes
@@ -478,6 +492,7 @@ impl State4 {
             for id in old {
                 purge_client(&mut t, id);
             }
+            self.note_released(&t);
         }
         t.next += 1;
         let mut sid = [0u8; 16];
@@ -749,6 +764,7 @@ impl State4 {
         for o in lock_states.iter().chain([&sid.other]) {
             remove_state(&mut t, o);
         }
+        self.note_released(&t);
         // The stateid CLOSE returns is meaningless (RFC 8881 §18.2.4): the
         // invalid special one, as the Linux nfsd sends.
         Ok(Stateid4::INVALID)
@@ -1011,6 +1027,7 @@ impl State4 {
             Kind::Open { .. } => return Err(Status::LOCKS_HELD),
         }
         remove_state(&mut t, &sid.other);
+        self.note_released(&t);
         Ok(())
     }
 
@@ -1031,14 +1048,15 @@ impl State4 {
         is_open(&self.lock(), file)
     }
 
-    /// The files whose last open went since the last call.
+    /// The files whose last open went since the last call (an atomic load
+    /// when there are none).
     pub fn take_released(&self) -> Vec<FileKey> {
-        let mut t = self.lock();
-        if t.released.is_empty() {
-            Vec::new()
-        } else {
-            std::mem::take(&mut t.released)
+        if !self.released_any.load(Ordering::Acquire) {
+            return Vec::new();
         }
+        let mut t = self.lock();
+        self.released_any.store(false, Ordering::Release);
+        std::mem::take(&mut t.released)
     }
 
     /// Number of clients, sessions and stateids (for tests and reports).
