@@ -1,7 +1,9 @@
 //! Strict, zero-copy XDR (RFC 4506) codecs for every message nfsrdma speaks:
 //! ONC RPC v2 ([`rpc`]), TCP record marking ([`record`]), RPC-over-RDMA
 //! version 1 and the RFC 8797 connection message ([`rpcrdma`]), NFSv3
-//! ([`nfs3`]), MOUNT v3 ([`mount`]) and portmapper v2 ([`portmap`]).
+//! ([`nfs3`]), MOUNT v3 ([`mount`]), the NFSv3 lock manager NLM v4
+//! ([`nlm`]) and its status monitor NSM v1 ([`nsm`]), and portmapper v2
+//! ([`portmap`]).
 //!
 //! # Rules
 //! - Encoding writes into any [`bytes::BufMut`] (through the [`XdrSink`]
@@ -32,6 +34,8 @@ mod macros;
 pub mod mount;
 pub mod nfs3;
 pub mod nfs4;
+pub mod nlm;
+pub mod nsm;
 mod payload;
 pub mod portmap;
 pub mod record;

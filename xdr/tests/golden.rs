@@ -325,3 +325,198 @@ fn nfs4_compound_vectors() {
         },
     );
 }
+
+/// The owner handle the Linux client builds: "<pid>@<nodename>".
+const LINUX_OWNER: &str = "1234@client";
+
+#[test]
+fn nlm4_lockargs_as_the_linux_client_sends_it() {
+    use nfsrdma_xdr::nlm::{Nlm4Lock, Nlm4LockArgs};
+    let fh: Vec<u8> = [
+        0x0100_0601u32,
+        0,
+        2,
+        0x8a7b_6c5d,
+        0x4e3f_2a1b,
+        0x0c1d_2e3f,
+        0x4051_6273,
+        12345,
+        0x1a2b_3c4d,
+    ]
+    .iter()
+    .flat_map(|w| w.to_be_bytes())
+    .collect();
+    assert_eq!(fh.len(), 36);
+    let args = Nlm4LockArgs {
+        cookie: vec![0x35, 0x12, 0, 0].into(),
+        block: true,
+        exclusive: true,
+        alock: Nlm4Lock {
+            caller_name: "client".into(),
+            fh: fh.into(),
+            oh: LINUX_OWNER.into(),
+            svid: 1234,
+            l_offset: 0,
+            l_len: 0,
+        },
+        reclaim: false,
+        state: 3,
+    };
+    // cookie 8, block and exclusive 8, caller_name 12, fh 40, oh 16, svid 4,
+    // offset and length 16, reclaim 4, state 4.
+    assert_eq!(fixture("nlm_lockargs_linux.hex").len(), 112);
+    golden("nlm_lockargs_linux.hex", args);
+}
+
+#[test]
+fn nlm4_results_and_share_and_free_all() {
+    use nfsrdma_xdr::nlm::{
+        Fsh4Access, Fsh4Mode, Nlm4Holder, Nlm4Notify, Nlm4Res, Nlm4Share, Nlm4ShareArgs, Nlm4Stat,
+        Nlm4TestReply, Nlm4TestRes,
+    };
+    let cookie = || nfsrdma_xdr::nlm::NetObj::new(vec![0x35, 0x12, 0, 0]);
+    golden(
+        "nlm_testres_denied.hex",
+        Nlm4TestRes {
+            cookie: cookie(),
+            stat: Nlm4TestReply::Denied(Nlm4Holder {
+                exclusive: true,
+                svid: 4321,
+                oh: "4321@other".into(),
+                l_offset: 1 << 32,
+                l_len: 4096,
+            }),
+        },
+    );
+    golden(
+        "nlm_res_blocked.hex",
+        Nlm4Res {
+            cookie: cookie(),
+            stat: Nlm4Stat::Blocked,
+        },
+    );
+    golden(
+        "nlm_shareargs.hex",
+        Nlm4ShareArgs {
+            cookie: vec![0x36, 0x12, 0, 0].into(),
+            share: Nlm4Share {
+                caller_name: "client".into(),
+                fh: vec![0, 0, 0, 1, 0, 0, 0, 2].into(),
+                oh: LINUX_OWNER.into(),
+                mode: Fsh4Mode::DenyWrite,
+                access: Fsh4Access::ReadWrite,
+            },
+            reclaim: true,
+        },
+    );
+    golden(
+        "nlm_notify.hex",
+        Nlm4Notify {
+            name: "host1".into(),
+            state: 7,
+        },
+    );
+}
+
+#[test]
+fn nlm4_notify_state_is_one_word() {
+    use nfsrdma_xdr::nlm::Nlm4Notify;
+    // Name (4 + 8) and a 32-bit state: what the Linux lock manager decodes.
+    assert_eq!(fixture("nlm_notify.hex").len(), 16);
+    // A 64-bit state (hyper 7) decodes as state 0 with a word left over.
+    let mut hyper = fixture("nlm_notify.hex")[..12].to_vec();
+    hyper.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 7]);
+    assert!(matches!(
+        Nlm4Notify::from_bytes(hyper.into()),
+        Err(nfsrdma_xdr::XdrError::Trailing { extra: 4, .. })
+    ));
+}
+
+#[test]
+fn nsm_vectors() {
+    use nfsrdma_xdr::nlm;
+    use nfsrdma_xdr::nsm::{Mon, MonId, MyId, SmRes, SmStatRes, SmStatus, StatChge};
+    let priv_ = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+    golden(
+        "nsm_mon.hex",
+        Mon {
+            mon_id: MonId {
+                mon_name: "client".into(),
+                my_id: MyId {
+                    my_name: "server".into(),
+                    my_prog: nlm::PROGRAM as i32,
+                    my_vers: 3,
+                    my_proc: 16,
+                },
+            },
+            priv_,
+        },
+    );
+    golden(
+        "nsm_sm_stat_res.hex",
+        SmStatRes {
+            res_stat: SmRes::Succ,
+            state: 5,
+        },
+    );
+    golden(
+        "nsm_stat_chge.hex",
+        StatChge {
+            mon_name: "client".into(),
+            state: 5,
+        },
+    );
+    golden(
+        "nsm_status.hex",
+        SmStatus {
+            mon_name: "client".into(),
+            state: 5,
+            priv_,
+        },
+    );
+}
+
+#[test]
+fn nlm_and_nsm_program_and_procedure_numbers() {
+    use nfsrdma_xdr::{nlm, nsm};
+    assert_eq!((nlm::PROGRAM, nlm::VERSION), (100021, 4));
+    assert_eq!((nsm::PROGRAM, nsm::VERSION), (100024, 1));
+    let p = |v: &[u32]| v.to_vec();
+    {
+        use nlm::proc_::*;
+        assert_eq!(
+            p(&[
+                NULL,
+                TEST,
+                LOCK,
+                CANCEL,
+                UNLOCK,
+                GRANTED,
+                TEST_MSG,
+                LOCK_MSG,
+                CANCEL_MSG,
+                UNLOCK_MSG,
+                GRANTED_MSG,
+                TEST_RES,
+                LOCK_RES,
+                CANCEL_RES,
+                UNLOCK_RES,
+                GRANTED_RES
+            ]),
+            (0..=15).collect::<Vec<u32>>()
+        );
+        assert_eq!(p(&[SHARE, UNSHARE, NM_LOCK, FREE_ALL]), [20, 21, 22, 23]);
+    }
+    {
+        use nsm::proc_::*;
+        assert_eq!(
+            p(&[NULL, STAT, MON, UNMON, UNMON_ALL, SIMU_CRASH, NOTIFY]),
+            (0..=6).collect::<Vec<u32>>()
+        );
+    }
+    assert_eq!(
+        (nlm::LM_MAXSTRLEN, nlm::LM_MAXNAMELEN, nlm::MAXNETOBJ_SZ),
+        (1024, 1025, 1024)
+    );
+    assert_eq!(nsm::SM_MAXSTRLEN, 1024);
+}

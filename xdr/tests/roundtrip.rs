@@ -3,7 +3,9 @@
 //! bytes.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use nfsrdma_xdr::{mount, nfs3, portmap, rpc, rpcrdma, CountingSink, IoVecSink, Xdr, XdrError};
+use nfsrdma_xdr::{
+    mount, nfs3, nlm, nsm, portmap, rpc, rpcrdma, CountingSink, IoVecSink, Xdr, XdrError,
+};
 use proptest::prelude::*;
 
 fn check<T: Xdr + PartialEq + std::fmt::Debug>(v: &T) -> Result<(), TestCaseError> {
@@ -156,6 +158,36 @@ roundtrip! {
 
     pmap_mapping: portmap::Mapping,
     pmap_list: portmap::PmapList,
+
+    nlm_netobj: nlm::NetObj,
+    nlm_caller_name: nlm::CallerName,
+    nlm_notify_name: nlm::NotifyName,
+    nlm_stat: nlm::Nlm4Stat,
+    nlm_lock: nlm::Nlm4Lock,
+    nlm_holder: nlm::Nlm4Holder,
+    nlm_lockargs: nlm::Nlm4LockArgs,
+    nlm_cancargs: nlm::Nlm4CancArgs,
+    nlm_testargs: nlm::Nlm4TestArgs,
+    nlm_unlockargs: nlm::Nlm4UnlockArgs,
+    nlm_res: nlm::Nlm4Res,
+    nlm_testrply: nlm::Nlm4TestReply,
+    nlm_testres: nlm::Nlm4TestRes,
+    nlm_fsh_mode: nlm::Fsh4Mode,
+    nlm_fsh_access: nlm::Fsh4Access,
+    nlm_share: nlm::Nlm4Share,
+    nlm_shareargs: nlm::Nlm4ShareArgs,
+    nlm_shareres: nlm::Nlm4ShareRes,
+    nlm_notify: nlm::Nlm4Notify,
+
+    nsm_name: nsm::SmName,
+    nsm_res: nsm::SmRes,
+    nsm_stat_res: nsm::SmStatRes,
+    nsm_stat: nsm::SmStat,
+    nsm_my_id: nsm::MyId,
+    nsm_mon_id: nsm::MonId,
+    nsm_mon: nsm::Mon,
+    nsm_stat_chge: nsm::StatChge,
+    nsm_status: nsm::SmStatus,
 }
 
 proptest! {
@@ -199,6 +231,12 @@ proptest! {
         let _ = mount::MountRes3::from_bytes(b.clone());
         let _ = mount::Exports::from_bytes(b.clone());
         let _ = portmap::PmapList::from_bytes(b.clone());
+        let _ = nlm::Nlm4LockArgs::from_bytes(b.clone());
+        let _ = nlm::Nlm4TestRes::from_bytes(b.clone());
+        let _ = nlm::Nlm4ShareArgs::from_bytes(b.clone());
+        let _ = nlm::Nlm4Notify::from_bytes(b.clone());
+        let _ = nsm::Mon::from_bytes(b.clone());
+        let _ = nsm::SmStatus::from_bytes(b.clone());
         for p in nfs3::NfsProc3::ALL {
             let _ = nfs3::Nfs3Args::decode(p, &mut nfsrdma_xdr::Decoder::new(b.clone()));
             let _ = nfs3::Nfs3Res::decode(p, &mut nfsrdma_xdr::Decoder::new(b.clone()));
@@ -239,4 +277,277 @@ fn oversized_lengths_are_refused_per_field() {
     assert!(too_long(
         rpcrdma::WriteChunk::from_bytes(b.freeze()).unwrap_err()
     ));
+}
+
+/// A Linux-style LOCK call (as in fixtures/xdr/nlm_lockargs_linux.hex).
+fn linux_lockargs() -> nlm::Nlm4LockArgs {
+    nlm::Nlm4LockArgs {
+        cookie: vec![0x35, 0x12, 0, 0].into(),
+        block: true,
+        exclusive: true,
+        alock: nlm::Nlm4Lock {
+            caller_name: "client".into(),
+            fh: vec![7u8; 36].into(),
+            oh: "1234@client".into(),
+            svid: 1234,
+            l_offset: 0,
+            l_len: 0,
+        },
+        reclaim: false,
+        state: 3,
+    }
+}
+
+/// `len` bytes of `b'x'` as an XDR opaque (length word, bytes, padding).
+fn opaque_of(b: &mut BytesMut, len: usize) {
+    b.put_u32(len as u32);
+    b.put_bytes(b'x', nfsrdma_xdr::roundup(len));
+}
+
+#[test]
+fn nlm_caller_name_longer_than_1024_is_refused() {
+    let lockargs = |caller_len: usize| {
+        let mut b = BytesMut::new();
+        opaque_of(&mut b, 4); // cookie
+        b.put_u32(1); // block
+        b.put_u32(1); // exclusive
+        opaque_of(&mut b, caller_len); // caller_name
+        opaque_of(&mut b, 36); // fh
+        opaque_of(&mut b, 11); // oh
+        b.put_u32(1234); // svid
+        b.put_u64(0); // l_offset
+        b.put_u64(0); // l_len
+        b.put_u32(0); // reclaim
+        b.put_u32(3); // state
+        b.freeze()
+    };
+    let ok = nlm::Nlm4LockArgs::from_bytes(lockargs(1024)).unwrap();
+    assert_eq!(ok.alock.caller_name.len(), 1024);
+    assert_eq!(
+        nlm::Nlm4LockArgs::from_bytes(lockargs(1025)).unwrap_err(),
+        XdrError::TooLong {
+            what: "caller_name",
+            len: 1025,
+            max: 1024
+        }
+    );
+    // The share reservation's caller_name has the same limit.
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 4);
+    opaque_of(&mut b, 1025);
+    assert!(matches!(
+        nlm::Nlm4ShareArgs::from_bytes(b.freeze()),
+        Err(XdrError::TooLong {
+            what: "caller_name",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn nlm_netobj_longer_than_1024_is_refused() {
+    let mut claim = BytesMut::new();
+    opaque_of(&mut claim, 1025);
+    assert_eq!(
+        nlm::NetObj::from_bytes(claim.freeze()).unwrap_err(),
+        XdrError::TooLong {
+            what: "netobj",
+            len: 1025,
+            max: 1024
+        }
+    );
+    let mut claim = BytesMut::new();
+    opaque_of(&mut claim, 1024);
+    assert!(nlm::NetObj::from_bytes(claim.freeze()).is_ok());
+    // In every netobj position: cookie, fh, oh, holder's oh.
+    let cookie_too_long = {
+        let mut b = BytesMut::new();
+        opaque_of(&mut b, 1025);
+        b.put_u32(3);
+        b.freeze()
+    };
+    assert!(matches!(
+        nlm::Nlm4Res::from_bytes(cookie_too_long),
+        Err(XdrError::TooLong { what: "netobj", .. })
+    ));
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 4); // cookie
+    b.put_u32(0); // exclusive
+    opaque_of(&mut b, 6); // caller_name
+    opaque_of(&mut b, 1025); // fh
+    assert!(matches!(
+        nlm::Nlm4TestArgs::from_bytes(b.freeze()),
+        Err(XdrError::TooLong { what: "netobj", .. })
+    ));
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 4); // cookie
+    opaque_of(&mut b, 6); // caller_name
+    opaque_of(&mut b, 8); // fh
+    b.put_u32(u32::MAX); // oh claiming 4 GiB with nothing behind it
+    assert!(matches!(
+        nlm::Nlm4UnlockArgs::from_bytes(b.freeze()),
+        Err(XdrError::TooLong { what: "netobj", .. })
+    ));
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 4); // cookie
+    b.put_u32(1); // NLM4_DENIED
+    b.put_u32(1); // exclusive
+    b.put_u32(1); // svid
+    opaque_of(&mut b, 2000); // oh
+    assert!(matches!(
+        nlm::Nlm4TestRes::from_bytes(b.freeze()),
+        Err(XdrError::TooLong { what: "netobj", .. })
+    ));
+    // FREE_ALL's name allows one byte more (LM_MAXNAMELEN).
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 1025);
+    b.put_u32(1);
+    assert!(nlm::Nlm4Notify::from_bytes(b.freeze()).is_ok());
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 1026);
+    b.put_u32(1);
+    assert!(matches!(
+        nlm::Nlm4Notify::from_bytes(b.freeze()),
+        Err(XdrError::TooLong {
+            len: 1026,
+            max: 1025,
+            ..
+        })
+    ));
+    // NSM names stop at SM_MAXSTRLEN.
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 1025);
+    b.put_u32(1);
+    assert!(matches!(
+        nsm::StatChge::from_bytes(b.freeze()),
+        Err(XdrError::TooLong {
+            len: 1025,
+            max: 1024,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn nlm_bad_enum_and_bool_values_are_refused() {
+    let with_stat = |stat: u32| {
+        let mut b = BytesMut::new();
+        opaque_of(&mut b, 4);
+        b.put_u32(stat);
+        b.freeze()
+    };
+    assert!(nlm::Nlm4Res::from_bytes(with_stat(9)).is_ok());
+    for bad in [10, 0xffff_ffff] {
+        let e = XdrError::BadValue {
+            what: "nlm4_stats",
+            value: bad,
+        };
+        assert_eq!(nlm::Nlm4Res::from_bytes(with_stat(bad)).unwrap_err(), e);
+        assert_eq!(nlm::Nlm4TestRes::from_bytes(with_stat(bad)).unwrap_err(), e);
+        let mut shareres = BytesMut::from(&with_stat(bad)[..]);
+        shareres.put_u32(0);
+        assert_eq!(
+            nlm::Nlm4ShareRes::from_bytes(shareres.freeze()).unwrap_err(),
+            e
+        );
+    }
+    // A share's mode and access are enums too.
+    let share = |mode: u32, access: u32| {
+        let mut b = BytesMut::new();
+        opaque_of(&mut b, 4);
+        opaque_of(&mut b, 6);
+        opaque_of(&mut b, 8);
+        opaque_of(&mut b, 11);
+        b.put_u32(mode);
+        b.put_u32(access);
+        b.put_u32(0);
+        b.freeze()
+    };
+    assert!(nlm::Nlm4ShareArgs::from_bytes(share(3, 3)).is_ok());
+    assert!(matches!(
+        nlm::Nlm4ShareArgs::from_bytes(share(4, 3)),
+        Err(XdrError::BadValue {
+            what: "fsh4_mode",
+            value: 4
+        })
+    ));
+    assert!(matches!(
+        nlm::Nlm4ShareArgs::from_bytes(share(3, 4)),
+        Err(XdrError::BadValue {
+            what: "fsh4_access",
+            value: 4
+        })
+    ));
+    // block = 2 is not a boolean.
+    let mut lock = linux_lockargs().to_bytes().to_vec();
+    lock[8..12].copy_from_slice(&2u32.to_be_bytes());
+    assert!(matches!(
+        nlm::Nlm4LockArgs::from_bytes(lock.into()),
+        Err(XdrError::BadValue { value: 2, .. })
+    ));
+    // NSM's res has two values.
+    assert!(matches!(
+        nsm::SmStatRes::from_bytes(Bytes::from_static(&[0, 0, 0, 2, 0, 0, 0, 1])),
+        Err(XdrError::BadValue {
+            what: "sm_res",
+            value: 2
+        })
+    ));
+}
+
+#[test]
+fn truncated_nlm4_lockargs_is_short_input() {
+    let full = linux_lockargs().to_bytes();
+    assert_eq!(full.len(), 112);
+    assert_eq!(
+        nlm::Nlm4LockArgs::from_bytes(full.clone()).unwrap(),
+        linux_lockargs()
+    );
+    for cut in 0..full.len() {
+        match nlm::Nlm4LockArgs::from_bytes(full.slice(..cut)) {
+            Err(XdrError::Short { .. }) => {}
+            other => panic!("lockargs cut to {cut} bytes gave {other:?}"),
+        }
+    }
+    // Cut inside the state word, the last field.
+    assert!(matches!(
+        nlm::Nlm4LockArgs::from_bytes(full.slice(..110)),
+        Err(XdrError::Short {
+            needed: 4,
+            available: 2,
+            ..
+        })
+    ));
+    // DENIED without its holder.
+    let mut b = BytesMut::new();
+    opaque_of(&mut b, 4);
+    b.put_u32(1);
+    assert!(matches!(
+        nlm::Nlm4TestRes::from_bytes(b.freeze()),
+        Err(XdrError::Short { .. })
+    ));
+    // SM_MON without all 16 bytes of priv.
+    let mon = nsm::Mon::default().to_bytes();
+    assert!(matches!(
+        nsm::Mon::from_bytes(mon.slice(..mon.len() - 1)),
+        Err(XdrError::Short { .. })
+    ));
+}
+
+#[test]
+fn nlm_denied_test_reply_carries_its_holder() {
+    // Only DENIED has an arm: every other status is the status word alone.
+    for v in 0..=9u32 {
+        let stat = nlm::Nlm4Stat::from_u32(v).unwrap();
+        let r = if stat == nlm::Nlm4Stat::Denied {
+            nlm::Nlm4TestReply::Denied(nlm::Nlm4Holder::default())
+        } else {
+            nlm::Nlm4TestReply::Other(stat)
+        };
+        let b = r.to_bytes();
+        assert_eq!(&b[..4], &v.to_be_bytes());
+        let expected = if v == 1 { 4 + 4 + 4 + 4 + 8 + 8 } else { 4 };
+        assert_eq!(b.len(), expected, "status {v}");
+        assert_eq!(nlm::Nlm4TestReply::from_bytes(b).unwrap(), r);
+    }
 }
