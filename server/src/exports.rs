@@ -71,6 +71,7 @@
 //! | `subtree_check` / `no_subtree_check` | accepted and ignored |
 //! | `fsid=N` (or `fsid=root`, meaning 0) | recorded |
 //! | `null` | null export: reads return zeros, writes are discarded |
+//! | `nolock` / **`lock`** | NFSv3 locking off: the lock manager (NLM) answers every lock call for this export with NLM4_DENIED_NOLOCKS at once; `lock`, the default, serves it |
 //!
 //! Any other option is an error naming the option, its line and its column.
 
@@ -146,6 +147,9 @@ pub struct ExportOptions {
     pub fsid: Option<u32>,
     /// Null export: reads return zeros and writes are discarded (`null`).
     pub null: bool,
+    /// No NFSv3 locking (`nolock`): the lock manager answers
+    /// NLM4_DENIED_NOLOCKS at once; `lock` (the default) serves it.
+    pub nolock: bool,
 }
 
 impl Default for ExportOptions {
@@ -161,6 +165,7 @@ impl Default for ExportOptions {
             sync: true,
             fsid: None,
             null: false,
+            nolock: false,
         }
     }
 }
@@ -478,6 +483,8 @@ impl ExportOptions {
             "sync" => flag(&mut self.sync, true),
             "async" => flag(&mut self.sync, false),
             "null" => flag(&mut self.null, true),
+            "nolock" => flag(&mut self.nolock, true),
+            "lock" => flag(&mut self.nolock, false),
             "subtree_check" | "no_subtree_check" => {
                 let mut ignored = false;
                 flag(&mut ignored, true)
@@ -549,6 +556,9 @@ impl fmt::Display for ExportOptions {
         }
         if self.null {
             f.write_str(",null")?;
+        }
+        if self.nolock {
+            f.write_str(",nolock")?;
         }
         Ok(())
     }
@@ -1121,6 +1131,8 @@ mod tests {
         assert_eq!(opts("fsid=7").fsid, Some(7));
         assert_eq!(opts("fsid=root").fsid, Some(0));
         assert!(opts("null").null);
+        assert!(opts("nolock").nolock);
+        assert!(!opts("nolock,lock").nolock);
         assert_eq!(opts("no_subtree_check"), ExportOptions::default());
         assert_eq!(opts("subtree_check"), ExportOptions::default());
         let all =
@@ -1137,6 +1149,7 @@ mod tests {
                 sync: false,
                 fsid: Some(3),
                 null: true,
+                nolock: false,
             }
         );
     }
@@ -1668,7 +1681,7 @@ mod tests {
 
     fn arb_options() -> impl Strategy<Value = ExportOptions> {
         (
-            any::<[bool; 6]>(),
+            any::<[bool; 7]>(),
             prop_oneof![Just(DEFAULT_ANON_ID), any::<u32>()],
             prop_oneof![Just(DEFAULT_ANON_ID), any::<u32>()],
             proptest::option::of(any::<u32>()),
@@ -1683,6 +1696,7 @@ mod tests {
                 sync: b[4],
                 fsid,
                 null: b[5],
+                nolock: b[6],
             })
     }
 

@@ -5,8 +5,10 @@
 pub mod exporter;
 pub mod exports;
 pub mod rdma;
+pub mod rpc_client;
 pub mod rpcbind;
 pub mod service;
 pub mod state;
 pub mod store;
 pub mod tcp;
+pub mod udp;

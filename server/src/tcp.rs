@@ -129,12 +129,15 @@ impl Connection {
         let _ = stream.set_nodelay(true);
         self.stats.open.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(peer = %self.peer, "connection open");
+        let ctx = CallContext {
+            peer: self.peer,
+            local: stream.local_addr().ok(),
+        };
         let (mut rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel::<Vec<Bytes>>();
         let writer = tokio::spawn(write_replies(wr, rx));
         let per_conn = Arc::new(Semaphore::new(self.config.per_connection.max(1)));
         let mut reader = RecordReader::new(self.config.max_record);
-        let ctx = CallContext { peer: self.peer };
         'conn: loop {
             // Hand out every complete record before reading more.
             loop {

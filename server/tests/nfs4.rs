@@ -913,18 +913,6 @@ fn reclaim_complete(v: &mut V4) -> Status {
     v.run(vec![ArgOp::ReclaimComplete(false)]).status
 }
 
-/// Stops nfsrdmad as an administrator would (SIGTERM: it saves its state).
-fn stop(mut child: std::process::Child) {
-    let ok = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok);
-    let st = child.wait().expect("wait");
-    assert!(st.success(), "nfsrdmad exited with {st}");
-}
-
 #[test]
 fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     let dir = std::env::temp_dir().join(format!("nfsrdmad-grace-{}", std::process::id()));
@@ -952,7 +940,7 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     let mut b = V4::new(addr, "client b");
     let (_, fhb) = b.open("b-file", true);
     let _d = V4::new(addr, "client d");
-    stop(child);
+    stop_daemon(child);
 
     let (child, addr) = serving(&args, std::process::Stdio::null());
     // A's old session and client id are gone: BADSESSION, then
@@ -1019,7 +1007,7 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     }
     let r = open_fh(&mut b, &fhb, OpenClaim4::Previous(0));
     assert_eq!(r.status, Status::NO_GRACE, "{r:?}");
-    stop(child);
+    stop_daemon(child);
 
     // A third start: A and D hold state, so both may reclaim; with
     // --grace 0 there is no grace period and a reclaim is refused.
@@ -1034,7 +1022,7 @@ fn a_restart_with_state_gives_the_previous_clients_a_grace_period_to_reclaim() {
     assert_eq!(reclaim_complete(&mut a), Status::OK);
     let r = open_fh(&mut a, &fha, OpenClaim4::Fh);
     assert_eq!(r.status, Status::OK, "{r:?}");
-    stop(child);
+    stop_daemon(child);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -129,8 +129,9 @@ fn bad_input_is_answered_or_closes_only_that_connection() {
     let (h, _) = bad.call(PROGRAM, 3, NfsProc3::Getattr as u32, &a);
     assert_eq!(accept_stat(&h), Some(AcceptStat::GarbageArgs));
 
-    // An unknown program: PROG_UNAVAIL; a wrong version: PROG_MISMATCH.
-    let (h, _) = bad.call(100_021, 4, 0, &[]);
+    // An unknown program (NFSACL): PROG_UNAVAIL; a wrong version:
+    // PROG_MISMATCH.
+    let (h, _) = bad.call(100_227, 3, 0, &[]);
     assert_eq!(accept_stat(&h), Some(AcceptStat::ProgUnavail));
     let (h, _) = bad.call(PROGRAM, 2, 0, &[]);
     assert_eq!(

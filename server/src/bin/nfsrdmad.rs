@@ -34,10 +34,12 @@ struct Args {
     /// A TOML configuration file; command-line flags override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// TCP address for NFS and MOUNT [default: 0.0.0.0:2049].
+    /// TCP address for NFS, MOUNT and the NFSv3 lock manager (NLM, NSM;
+    /// also over UDP on a port of their own) [default: 0.0.0.0:2049].
     #[arg(long, value_name = "ADDR")]
     tcp: Option<SocketAddr>,
-    /// Do not register with the local rpcbind.
+    /// Do not register with the local rpcbind (NFSv3 clients then cannot
+    /// find the lock manager: they mount with nolock).
     #[arg(long)]
     no_rpcbind: bool,
     /// RPC-over-RDMA address [default: 0.0.0.0:20049]. Given explicitly, a
@@ -102,9 +104,10 @@ struct Args {
     /// longer is dropped (10..=3600) [default: 90].
     #[arg(long, value_name = "SECS")]
     lease: Option<u64>,
-    /// Seconds of the NFSv4 grace period after a restart with --state: the
-    /// clients of the previous instance reclaim their opens and locks, new
-    /// opens and locks wait (0..=3600; 0: none, reclaims are refused)
+    /// Seconds of the grace period after a restart with --state: the NFSv4
+    /// and NFSv3 (NLM) clients of the previous instance reclaim their opens
+    /// and locks, new opens and locks wait (0..=3600; 0: none, reclaims
+    /// are refused)
     /// [default: the lease].
     #[arg(long, value_name = "SECS")]
     grace: Option<u64>,
@@ -186,6 +189,36 @@ fn registrations(v3: bool, v4: bool) -> Vec<(u32, u32)> {
     }
     r.push((mount::PROGRAM, mount::VERSION));
     r
+}
+
+/// The lock manager and the status monitor: (program, version).
+const LOCK_SERVICES: [(u32, u32); 2] = [
+    (nfsrdma_xdr::nlm::PROGRAM, nfsrdma_xdr::nlm::VERSION),
+    (nfsrdma_xdr::nsm::PROGRAM, nfsrdma_xdr::nsm::VERSION),
+];
+
+/// Registers NLM and NSM over TCP on the NFS port and over UDP on
+/// `udp_port`, replacing what another server registered.
+fn register_lock_services(
+    rpcbind_addr: SocketAddr,
+    tcp_port: u16,
+    udp_port: Option<u16>,
+) -> Result<(), rpcbind::RpcbindError> {
+    use nfsrdma_xdr::portmap::{IPPROTO_TCP, IPPROTO_UDP};
+    for (p, v) in LOCK_SERVICES {
+        let _ = rpcbind::unset(rpcbind_addr, p, v);
+        let mut regs = vec![(IPPROTO_TCP, tcp_port)];
+        regs.extend(udp_port.map(|u| (IPPROTO_UDP, u)));
+        for (prot, port) in regs {
+            if !rpcbind::set_prot(rpcbind_addr, p, v, prot, port)? {
+                return Err(rpcbind::RpcbindError::BadReply {
+                    addr: rpcbind_addr,
+                    why: format!("rpcbind refused program {p} version {v} (protocol {prot})"),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -382,6 +415,7 @@ fn start() -> Result<()> {
         );
     }
     let mut reclaimers = Vec::new();
+    let mut nsm_saved = None;
     if let Some(path) = &state {
         let source =
             |d: &Option<Arc<RdmaDevice>>| -> Box<dyn nfsrdma_server::store::blocks::BlockSource> {
@@ -398,6 +432,7 @@ fn start() -> Result<()> {
             tracing::warn!(path = %p, "the state file has an export that is no longer configured; it is dropped");
         }
         reclaimers = l.nfs4_clients;
+        nsm_saved = l.nsm;
     }
     let rdma = device.map(|d| (rdma, d));
     for e in &exports {
@@ -420,6 +455,34 @@ fn start() -> Result<()> {
             .start_grace(reclaimers, grace, std::time::Instant::now());
     }
 
+    // The status monitor: a state number one step past the previous
+    // instance's; its NFSv3 lock clients are told and get a grace period
+    // to reclaim.
+    if state.is_some() {
+        let prev = nsm_saved.as_ref().map_or(0, |n| n.state);
+        service
+            .nsm()
+            .set_state(nfsrdma_server::service::nsm::Nsm::next_state(prev));
+    }
+    if let Some(saved) = nsm_saved.filter(|n| !n.watchers.is_empty() && service.config().v3) {
+        let grace = service.config().nfs4.grace();
+        let now = std::time::Instant::now();
+        tracing::info!(
+            seconds = grace.as_secs(),
+            clients = saved.watchers.len(),
+            nsm_state = service.nsm().state(),
+            "NLM grace period: the NFSv3 lock clients of the previous instance reclaim their locks"
+        );
+        service.nfs4().state.start_nlm_grace(now + grace);
+        nfsrdma_server::service::nsm::notify_restart(
+            saved.watchers,
+            service.nsm().state(),
+            service.config().client_rpcbind_port,
+            std::time::Duration::from_secs(2),
+            now + grace,
+        );
+    }
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("nfsrdmad")
@@ -432,7 +495,11 @@ fn start() -> Result<()> {
         } else {
             Vec::new()
         };
-        nfsrdma_server::state::save(path, service.exports(), &reclaimers)
+        let nsm = nfsrdma_server::state::NsmSaved {
+            state: service.nsm().state(),
+            watchers: service.nsm_watchers(),
+        };
+        nfsrdma_server::state::save(path, service.exports(), &reclaimers, &nsm)
             .with_context(|| format!("saving the state to {}", path.display()))?;
         tracing::info!(state = %path.display(), "stores saved");
     }
@@ -458,7 +525,7 @@ async fn run(
         .await
         .with_context(|| format!("binding TCP {addr}"))?;
     let local = listener.local_addr()?;
-    tracing::info!(addr = %local, versions = %version_list(&service), "serving NFS and MOUNT v3 over TCP");
+    tracing::info!(addr = %local, versions = %version_list(&service), "serving NFS, MOUNT v3, NLM 4 and NSM 1 over TCP");
     // Tests and scripts read this line to learn the port.
     println!("nfsrdmad: listening on tcp {local}");
 
@@ -481,8 +548,33 @@ async fn run(
     }
     let rdma_stats = rdma_listener.as_ref().map(|l| l.stats());
 
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    // NLM and NSM over UDP (a client's status monitor notifies over UDP).
+    let udp = if service.config().v3 {
+        match tokio::net::UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).await {
+            Ok(sock) => {
+                let port = sock.local_addr()?.port();
+                tracing::info!(port, "serving NLM and NSM over UDP");
+                let task = tokio::spawn(nfsrdma_server::udp::serve(
+                    service.clone(),
+                    sock,
+                    rx.clone(),
+                ));
+                Some((port, task))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no UDP socket for NLM and NSM");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let udp_port = udp.as_ref().map(|(p, _)| *p);
+
     let rpcbind_addr: SocketAddr = ([127, 0, 0, 1], nfsrdma_xdr::portmap::PORT).into();
     let mut registered = false;
+    let mut lock_registered = false;
     let (v3_on, v4_on) = (service.config().v3, service.config().nfs4.enabled());
     if use_rpcbind {
         let port = local.port();
@@ -490,9 +582,12 @@ async fn run(
             for (p, v) in registrations(v3_on, v4_on) {
                 let _ = rpcbind::unset(rpcbind_addr, p, v);
                 if !rpcbind::set(rpcbind_addr, p, v, port)? {
-                    return Err(rpcbind::RpcbindError::BadReply(format!(
-                        "rpcbind refused to register program {p} version {v} (another server holds it?)"
-                    )));
+                    return Err(rpcbind::RpcbindError::BadReply {
+                        addr: rpcbind_addr,
+                        why: format!(
+                            "rpcbind refused to register program {p} version {v} (another server holds it?)"
+                        ),
+                    });
                 }
             }
             Ok(())
@@ -506,8 +601,24 @@ async fn run(
             Err(e) => tracing::info!(error = %e, "not registered with rpcbind"),
         }
     }
+    if use_rpcbind && registered && v3_on {
+        let port = local.port();
+        let reg = tokio::task::spawn_blocking(move || {
+            register_lock_services(rpcbind_addr, port, udp_port)
+        })
+        .await?;
+        match reg {
+            Ok(()) => {
+                lock_registered = true;
+                tracing::info!("registered NLM 4 and NSM 1 with rpcbind: NFSv3 clients can lock");
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "NLM and NSM not registered with rpcbind: NFSv3 mounts without `nolock` cannot lock"
+            ),
+        }
+    }
 
-    let (tx, rx) = tokio::sync::watch::channel(false);
     let server = TcpServer::new(service.clone(), tcp);
     let mut exporting = None;
     if let Some(addr) = metrics {
@@ -550,9 +661,16 @@ async fn run(
     if let Some(mut l) = rdma_listener {
         tokio::task::spawn_blocking(move || l.stop()).await?;
     }
+    if let Some((_, task)) = udp {
+        let _ = task.await;
+    }
     if registered {
         let _ = tokio::task::spawn_blocking(move || {
-            for (p, v) in registrations(v3_on, v4_on) {
+            let mut all = registrations(v3_on, v4_on);
+            if lock_registered {
+                all.extend(LOCK_SERVICES);
+            }
+            for (p, v) in all {
                 let _ = rpcbind::unset(rpcbind_addr, p, v);
             }
         })

@@ -274,7 +274,7 @@ fn accept(
         },
         poller,
         service.clone(),
-        CallContext { peer },
+        CallContext { peer, local: None },
         stats.clone(),
     );
     // Receives go up before the first credit is granted.

@@ -10,6 +10,8 @@ pub mod metrics;
 mod mount;
 mod nfs;
 pub mod nfs4;
+pub mod nlm;
+pub mod nsm;
 
 use crate::exports::{ExportEntry, ExportOptions};
 use crate::store::{Cred, Store, StoreConfig};
@@ -46,6 +48,9 @@ pub struct ServiceConfig {
     pub v3: bool,
     /// NFSv4.1 and 4.2.
     pub nfs4: nfs4::Nfs4Config,
+    /// The port of a client's rpcbind, where the lock manager asks for the
+    /// client's lock manager and status monitor (111).
+    pub client_rpcbind_port: u16,
 }
 
 impl Default for ServiceConfig {
@@ -55,6 +60,7 @@ impl Default for ServiceConfig {
             drc_entries: 4096,
             v3: true,
             nfs4: nfs4::Nfs4Config::default(),
+            client_rpcbind_port: nfsrdma_xdr::portmap::PORT,
         }
     }
 }
@@ -64,6 +70,9 @@ impl Default for ServiceConfig {
 pub struct CallContext {
     /// The peer's address (the port matters only for the `secure` option).
     pub peer: SocketAddr,
+    /// Our end of the connection, where the transport knows it (TCP): the
+    /// lock manager calls a client back from the address the client knows.
+    pub local: Option<SocketAddr>,
 }
 
 impl CallContext {
@@ -203,6 +212,8 @@ pub struct Service {
     metrics: Metrics,
     mounts: Mutex<Vec<(String, String)>>,
     nfs4: nfs4::Nfs4,
+    nlm: nlm::Nlm,
+    nsm: nsm::Nsm,
 }
 
 impl Service {
@@ -214,9 +225,13 @@ impl Service {
         let seed = t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 40);
         let paths: Vec<&str> = exports.iter().map(|e| e.path.as_str()).collect();
         let nfs4 = nfs4::Nfs4::new(&paths, config.nfs4.clone());
+        let stores = exports.iter().map(|e| e.store.clone()).collect();
+        let nlm = nlm::Nlm::new(nfs4.state.clone(), stores, config.client_rpcbind_port);
         Service {
             exports,
             nfs4,
+            nlm,
+            nsm: nsm::Nsm::default(),
             drc: Drc::new(config.drc_entries),
             config,
             write_verf: seed.to_be_bytes(),
@@ -294,6 +309,7 @@ impl Service {
              file bytes gathered from pages into blocks {compacted}\n",
             self.metrics.report()
         );
+        out.push_str(&self.nlm.report());
         for e in self.exports.iter().filter(|e| e.store.read().config().null) {
             let (zeros, discarded) = e.store.read().null_stats();
             out.push_str(&format!(
@@ -388,6 +404,12 @@ impl Service {
                 xid,
                 AcceptStat::ProgMismatch { low: 3, high: 3 },
             )),
+            (nfsrdma_xdr::nlm::PROGRAM, v) => {
+                Some(self.nlm_call(&caller, xid, v, call.proc_, args))
+            }
+            (nfsrdma_xdr::nsm::PROGRAM, v) => {
+                Some(self.nsm_call(&caller, xid, v, call.proc_, args))
+            }
             _ => Some(Reply::error(xid, AcceptStat::ProgUnavail)),
         }
     }

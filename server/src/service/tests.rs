@@ -45,9 +45,13 @@ impl T {
         }
         m.encode(&mut b);
         b.extend_from_slice(args);
-        let reply = self
-            .svc
-            .handle(&CallContext { peer: self.peer }, b.freeze())?;
+        let reply = self.svc.handle(
+            &CallContext {
+                peer: self.peer,
+                local: None,
+            },
+            b.freeze(),
+        )?;
         let mut out = BytesMut::new();
         reply.encode(&mut out);
         Some(out.freeze())
@@ -562,7 +566,13 @@ fn rpc_level_errors() {
     m.encode(&mut b);
     let r = t
         .svc
-        .handle(&CallContext { peer: t.peer }, b.freeze())
+        .handle(
+            &CallContext {
+                peer: t.peer,
+                local: None,
+            },
+            b.freeze(),
+        )
         .unwrap();
     assert!(matches!(
         r.header.as_reply(),
@@ -573,11 +583,23 @@ fn rpc_level_errors() {
     ));
     // A reply sent to the server, or a truncated header: no answer.
     let reply = RpcMessage::accepted(9, AcceptStat::Success).to_bytes();
-    assert!(t.svc.handle(&CallContext { peer: t.peer }, reply).is_none());
     assert!(t
         .svc
         .handle(
-            &CallContext { peer: t.peer },
+            &CallContext {
+                peer: t.peer,
+                local: None,
+            },
+            reply
+        )
+        .is_none());
+    assert!(t
+        .svc
+        .handle(
+            &CallContext {
+                peer: t.peer,
+                local: None,
+            },
             Bytes::from_static(&[0, 0, 0, 1, 0])
         )
         .is_none());

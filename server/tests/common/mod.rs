@@ -30,9 +30,13 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(exports: &str, tcp: TcpConfig) -> TestServer {
+        Self::with_config(exports, tcp, ServiceConfig::default())
+    }
+
+    pub fn with_config(exports: &str, tcp: TcpConfig, config: ServiceConfig) -> TestServer {
         let rules = Exports::parse(exports).unwrap();
         let ex = Service::exports_from_rules(&rules, &StoreConfig::default());
-        let service = Arc::new(Service::new(ex, ServiceConfig::default()));
+        let service = Arc::new(Service::new(ex, config));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -225,4 +229,16 @@ pub fn serving(
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no address in {line:?}"));
     (child, addr)
+}
+
+/// Stops nfsrdmad as an administrator would (SIGTERM: it saves its state).
+pub fn stop_daemon(mut child: std::process::Child) {
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+    let st = child.wait().expect("wait");
+    assert!(st.success(), "nfsrdmad exited with {st}");
 }

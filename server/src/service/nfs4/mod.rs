@@ -68,8 +68,8 @@ impl Nfs4Config {
 
 /// The NFSv4 side of the service.
 pub struct Nfs4 {
-    /// Clients, sessions, opens and locks.
-    pub state: State4,
+    /// Clients, sessions, opens and locks (the locks shared with the NLM).
+    pub state: std::sync::Arc<State4>,
     pseudo: Pseudo,
     config: Nfs4Config,
     /// The server's owner and scope (EXCHANGE_ID).
@@ -83,7 +83,7 @@ impl Nfs4 {
             .map(|h| h.trim().to_string())
             .unwrap_or_default();
         Nfs4 {
-            state: State4::new(config.lease),
+            state: std::sync::Arc::new(State4::new(config.lease)),
             pseudo: Pseudo::new(paths),
             owner: bytes::Bytes::from(match config.instance.as_str() {
                 "" => format!("nfsrdmad@{host}"),
@@ -314,9 +314,10 @@ impl Service {
         for (idx, ino) in self.nfs4.state.take_released() {
             if let Some(ex) = self.exports.get(idx) {
                 let mut fs = ex.store.write();
-                // Opened again meanwhile: kept (under the store's lock, no
-                // OPEN can come between the check and the release).
-                if !self.nfs4.state.is_open((idx, ino)) {
+                // Opened again meanwhile, or locked over NFSv3: kept (under
+                // the store's lock, no OPEN or NLM LOCK can come between the
+                // check and the release).
+                if !self.nfs4.state.is_open((idx, ino)) && !self.nlm.uses((idx, ino)) {
                     fs.release(ino);
                 }
             }

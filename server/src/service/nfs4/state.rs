@@ -4,6 +4,11 @@
 //! period after a restart (RFC 8881 §8.4.2): the clients of the previous
 //! instance reclaim their opens and locks, new ones wait.
 //!
+//! The byte-range lock table is shared with NFSv3's lock manager (NLM,
+//! `service::nlm`): its owners' ranges sit beside the v4 ones, so a v3 lock
+//! and a v4 lock on the same bytes conflict, and one grace period after a
+//! restart holds back new locks of both.
+//!
 //! Everything here is behind one mutex held for a few map operations at a
 //! time, never across a store operation.
 
@@ -117,6 +122,9 @@ struct Tables {
     /// Files whose last open went (CLOSE, lease expiry, a client's
     /// destruction), for the store to release ([`State4::take_released`]).
     released: Vec<FileKey>,
+    /// The lock manager's grace period after a restart (NLM clients
+    /// reclaim): new v4 opens and locks wait for it too.
+    nlm_grace: Option<Instant>,
 }
 
 /// The grace period after a restart.
@@ -204,6 +212,8 @@ impl State4 {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_secs() as u32 ^ d.subsec_nanos());
+        // All ones marks the lock manager's owners ([`NlmOwner`]).
+        let boot = if boot == u32::MAX { 1 } else { boot };
         State4 {
             t: Mutex::new(Tables::default()),
             lease,
@@ -274,7 +284,7 @@ impl State4 {
         let mut t = self.lock();
         let on = grace_on(&mut t, now);
         match claim {
-            Claim::New if on => Err(Status::GRACE),
+            Claim::New if on || nlm_grace_on(&mut t, now) => Err(Status::GRACE),
             // Until its RECLAIM_COMPLETE a client may only reclaim (RFC 8881
             // §18.51.3), as the Linux nfsd has it.
             Claim::New => match t.clients.get(&client) {
@@ -1073,6 +1083,195 @@ impl State4 {
             c.renewed -= by;
         }
         t.last_sweep = None;
+    }
+}
+
+/// A lock owner of NFSv3's lock manager: a client host (numbered by
+/// `service::nlm`) and the owner id it sends (`svid`, the process on
+/// Linux). Its ranges sit in the same table as the v4 owners'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NlmOwner {
+    /// The host's number.
+    pub host: u32,
+    /// The owner on that host.
+    pub svid: i32,
+}
+
+/// The high half of the client ids the lock manager's owners take in the
+/// lock table (v4 client ids start with the instance's `boot`, never all
+/// ones).
+const NLM_CLIENTS: u64 = 0xffff_ffff_0000_0000;
+
+impl NlmOwner {
+    fn client(self) -> u64 {
+        NLM_CLIENTS | u64::from(self.host)
+    }
+
+    fn owner(self) -> Bytes {
+        Bytes::copy_from_slice(&self.svid.to_be_bytes())
+    }
+
+    /// The key of its ranges: all ones, then host and svid (a v4 stateid's
+    /// `other` starts with the instance's `boot`, which is never all ones).
+    fn state(self) -> [u8; 12] {
+        let mut o = [0xff; 12];
+        o[4..8].copy_from_slice(&self.host.to_be_bytes());
+        o[8..].copy_from_slice(&self.svid.to_be_bytes());
+        o
+    }
+
+    /// The lock manager's owner a conflicting lock belongs to, if it is one
+    /// of them (TEST reports its svid).
+    pub fn of(denied: &LockDenied) -> Option<NlmOwner> {
+        let c = denied.owner.clientid;
+        let svid: [u8; 4] = denied.owner.owner.0.as_ref().try_into().ok()?;
+        (c & NLM_CLIENTS == NLM_CLIENTS).then(|| NlmOwner {
+            host: c as u32,
+            svid: i32::from_be_bytes(svid),
+        })
+    }
+}
+
+/// The lock manager's side of the table (NFSv3 NLM): ranges are
+/// `[start, end)` with `end` `u64::MAX` for "to the end of the file".
+impl State4 {
+    fn nlm_want(o: NlmOwner, owner: &[u8], write: bool, start: u64, end: u64) -> Want<'_> {
+        Want {
+            client: o.client(),
+            owner,
+            write,
+            start,
+            end,
+        }
+    }
+
+    /// Takes (or changes, POSIX-style: the new type replaces the old over
+    /// the range) a lock of `o`, unless another owner's conflicts.
+    pub fn nlm_lock(
+        &self,
+        o: NlmOwner,
+        file: FileKey,
+        write: bool,
+        start: u64,
+        end: u64,
+    ) -> Result<(), LockDenied> {
+        let owner = o.owner();
+        let mut t = self.lock();
+        if let Some(d) = self.conflict(&t, file, Self::nlm_want(o, &owner, write, start, end)) {
+            return Err(d);
+        }
+        let ranges = t.locks.entry(file).or_default();
+        set_range(
+            ranges,
+            o.state(),
+            o.client(),
+            &owner,
+            Some(write),
+            start,
+            end,
+        );
+        Ok(())
+    }
+
+    /// The lock that would keep `o` from locking, if any.
+    pub fn nlm_test(
+        &self,
+        o: NlmOwner,
+        file: FileKey,
+        write: bool,
+        start: u64,
+        end: u64,
+    ) -> Option<LockDenied> {
+        let owner = o.owner();
+        let t = self.lock();
+        self.conflict(&t, file, Self::nlm_want(o, &owner, write, start, end))
+    }
+
+    /// Releases `o`'s locks over `[start, end)` of `file`.
+    pub fn nlm_unlock(&self, o: NlmOwner, file: FileKey, start: u64, end: u64) {
+        let mut t = self.lock();
+        if let Some(ranges) = t.locks.get_mut(&file) {
+            set_range(ranges, o.state(), o.client(), &o.owner(), None, start, end);
+            if ranges.is_empty() {
+                t.locks.remove(&file);
+            }
+        }
+    }
+
+    /// Releases every lock of the hosts for which `gone` is true; the
+    /// number of ranges released.
+    pub fn nlm_release_hosts(&self, gone: impl Fn(u32) -> bool) -> usize {
+        let mut t = self.lock();
+        let mut n = 0;
+        t.locks.retain(|_, rs| {
+            let before = rs.len();
+            rs.retain(|r| !(r.client & NLM_CLIENTS == NLM_CLIENTS && gone(r.client as u32)));
+            n += before - rs.len();
+            !rs.is_empty()
+        });
+        n
+    }
+
+    /// Whether any lock manager owner holds a lock on `file`.
+    pub fn nlm_file_locked(&self, file: FileKey) -> bool {
+        let t = self.lock();
+        t.locks
+            .get(&file)
+            .is_some_and(|rs| rs.iter().any(|r| r.client & NLM_CLIENTS == NLM_CLIENTS))
+    }
+
+    /// The files on which the hosts `of` picks hold locks.
+    pub fn nlm_files_of(&self, of: impl Fn(u32) -> bool) -> Vec<FileKey> {
+        let t = self.lock();
+        t.locks
+            .iter()
+            .filter(|(_, rs)| {
+                rs.iter()
+                    .any(|r| r.client & NLM_CLIENTS == NLM_CLIENTS && of(r.client as u32))
+            })
+            .map(|(f, _)| *f)
+            .collect()
+    }
+
+    /// The hosts that hold lock manager locks now.
+    pub fn nlm_hosts_holding(&self) -> HashSet<u32> {
+        let t = self.lock();
+        t.locks
+            .values()
+            .flatten()
+            .filter(|r| r.client & NLM_CLIENTS == NLM_CLIENTS)
+            .map(|r| r.client as u32)
+            .collect()
+    }
+
+    /// Starts the lock manager's grace period (until `until`): new NLM and
+    /// NFSv4 locks and opens are refused until then, reclaims allowed.
+    pub fn start_nlm_grace(&self, until: Instant) {
+        self.lock().nlm_grace = Some(until);
+    }
+
+    /// Whether new locks must wait at `now`: either grace period is on.
+    pub fn locks_in_grace(&self, now: Instant) -> bool {
+        let mut t = self.lock();
+        let v4 = grace_on(&mut t, now);
+        nlm_grace_on(&mut t, now) || v4
+    }
+
+    /// Whether the lock manager's own grace period is on at `now`.
+    pub fn nlm_in_grace(&self, now: Instant) -> bool {
+        nlm_grace_on(&mut self.lock(), now)
+    }
+}
+
+fn nlm_grace_on(t: &mut Tables, now: Instant) -> bool {
+    match t.nlm_grace {
+        Some(until) if now < until => true,
+        Some(_) => {
+            tracing::info!("NLM grace period over");
+            t.nlm_grace = None;
+            false
+        }
+        None => false,
     }
 }
 
