@@ -742,3 +742,44 @@ fn a_restart_with_state_raises_the_nsm_state_and_gives_lock_clients_a_grace_peri
     common::stop_daemon(child);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_grant_to_a_client_that_is_gone_is_released_and_others_are_served() {
+    // The client's rpcbind port answers nothing: its lock manager is gone.
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let config = ServiceConfig {
+        client_rpcbind_port: port,
+        ..ServiceConfig::default()
+    };
+    let srv = TestServer::with_config(EXPORTS, TcpConfig::default(), config);
+    let mut a = Locker::new(srv.addr, "host-a");
+    let mut gone = Locker::new(srv.addr, "host-gone");
+    let mut c = Locker::new(srv.addr, "host-c");
+    let (_, f) = create(&mut a.c, "f");
+    use Nlm4Stat::*;
+    assert_eq!(a.lock(&f, 1, true, 0, 0, false, false), Granted);
+    assert_eq!(gone.lock(&f, 2, true, 0, 0, true, false), Blocked);
+    assert_eq!(a.unlock(&f, 1, 0, 0), Granted);
+    // The grant cannot be delivered: the lock goes again, and c gets it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.lock(&f, 3, true, 0, 0, false, false) != Granted {
+        assert!(
+            Instant::now() < deadline,
+            "the undeliverable grant kept the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = srv.service.nlm().stats();
+    assert_eq!(
+        st.callback_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        st.granted_callbacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}

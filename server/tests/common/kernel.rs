@@ -55,8 +55,19 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// nfsrdmad on the usual ports, with `extra` flags.
+    /// nfsrdmad on the usual ports, with `extra` flags, not registered with
+    /// rpcbind.
     pub fn start(extra: &[&str]) -> Daemon {
+        Self::spawn(&[&["--no-rpcbind"], extra].concat(), "warn")
+    }
+
+    /// nfsrdmad on the usual ports registered with the guest's rpcbind
+    /// (NFS, MOUNT, NLM, NSM), with `extra` flags and `RUST_LOG=log`.
+    pub fn start_registered(extra: &[&str], log: &str) -> Daemon {
+        Self::spawn(extra, log)
+    }
+
+    fn spawn(extra: &[&str], log: &str) -> Daemon {
         let a = addr();
         let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
             .args([
@@ -66,10 +77,9 @@ impl Daemon {
                 &format!("{a}:2049"),
                 "--rdma",
                 &format!("{a}:20049"),
-                "--no-rpcbind",
             ])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
