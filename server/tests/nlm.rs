@@ -546,8 +546,9 @@ fn free_all_and_sm_notify_release_a_hosts_locks() {
     );
     assert_eq!(b.lock(&f, 4, true, 0, 20, false, false), Granted);
     assert_eq!(a.lock(&f, 1, true, 25, 1, false, false), Denied);
-    // SM_NOTIFY from a restarted host (by name here; every test host calls
-    // from 127.0.0.1, which also matches) drops its locks.
+    // SM_NOTIFY from a restarted host drops the locks of the hosts at its
+    // address (every test host calls from 127.0.0.1: b's lock goes, and
+    // so does what a had left).
     let mut b2 = RawClient::connect(srv.addr);
     let mut args = BytesMut::new();
     StatChge {
@@ -557,6 +558,7 @@ fn free_all_and_sm_notify_release_a_hosts_locks() {
     .encode(&mut args);
     let (h, _) = b2.call(nsm::PROGRAM, nsm::VERSION, nsm::proc_::NOTIFY, &args);
     assert_success(&h);
+    assert!(srv.service.nsm_watchers().is_empty());
     assert_eq!(a.lock(&f, 1, true, 0, 30, false, false), Granted);
     // SM_STAT answers the state number; SM_MON is not offered.
     let mut args = BytesMut::new();
@@ -781,5 +783,38 @@ fn a_grant_to_a_client_that_is_gone_is_released_and_others_are_served() {
         st.granted_callbacks
             .load(std::sync::atomic::Ordering::Relaxed),
         0
+    );
+}
+
+#[test]
+fn the_host_table_forgets_idle_hosts_and_refuses_only_when_all_hold_locks() {
+    let srv = TestServer::start(EXPORTS, TcpConfig::default());
+    let mut a = Locker::new(srv.addr, "host-a");
+    let (_, f) = create(&mut a.c, "f");
+    let max = nfsrdma_server::service::nlm::MAX_HOSTS as u64;
+    let name = |i: u64| -> &'static str { Box::leak(format!("idle-{i}").into_boxed_str()) };
+    // A full table of hosts that only asked (TEST): a new host is served.
+    for i in 0..max {
+        a.name = name(i);
+        assert_eq!(
+            a.test(&f, 1, true, i, 1),
+            Nlm4TestReply::Other(Nlm4Stat::Granted)
+        );
+    }
+    a.name = "newcomer";
+    assert_eq!(a.lock(&f, 1, true, 0, 1, false, false), Nlm4Stat::Granted);
+    // A full table of hosts that each hold a lock: the next is refused.
+    for i in 1..max {
+        a.name = name(max + i);
+        assert_eq!(
+            a.lock(&f, 1, true, i, 1, false, false),
+            Nlm4Stat::Granted,
+            "host {i}"
+        );
+    }
+    a.name = "one too many";
+    assert_eq!(
+        a.lock(&f, 1, true, max + 1, 1, false, false),
+        Nlm4Stat::DeniedNolocks
     );
 }

@@ -22,8 +22,10 @@
 //!   tells them).
 //! - A file with NLM locks or waiters is kept by the store while it has
 //!   them, even if its last name goes (as the Linux lockd keeps it open).
-//! - Bounds: at most [`MAX_HOSTS`] client hosts and [`MAX_WAITERS`] waiting
-//!   locks per host; beyond them, NLM4_DENIED_NOLOCKS.
+//! - Bounds: at most [`MAX_HOSTS`] client hosts holding something (hosts
+//!   that hold nothing are forgotten when the table is full) and
+//!   [`MAX_WAITERS`] waiting locks per host; beyond them,
+//!   NLM4_DENIED_NOLOCKS.
 //!
 //! NLM and NSM are served over TCP (on the NFS port) and UDP (a port of
 //! their own), never over RPC-over-RDMA: the Linux client sends its lock
@@ -294,7 +296,25 @@ impl Nlm {
             return Some(*id);
         }
         if t.hosts.len() >= MAX_HOSTS {
-            return None;
+            // Forget the hosts that hold nothing (no lock, waiter or
+            // share); refuse only when every one holds something.
+            let holding = self.shared.state.nlm_hosts_holding();
+            let Tables {
+                ids,
+                hosts,
+                waiting,
+                shares,
+                ..
+            } = &mut *t;
+            hosts.retain(|id, _| {
+                holding.contains(id)
+                    || waiting.iter().any(|w| w.owner.host == *id)
+                    || shares.values().flatten().any(|s| s.host == *id)
+            });
+            ids.retain(|_, id| hosts.contains_key(id));
+            if hosts.len() >= MAX_HOSTS {
+                return None;
+            }
         }
         t.next = t.next.wrapping_add(1);
         let id = t.next;

@@ -5,7 +5,7 @@
 //!   raised by two at each restart (SM_STAT answers it).
 //! - SM_NOTIFY from a client that restarted: its locks, shares and waiting
 //!   locks go (matched by the address it calls from, as the Linux lockd
-//!   matches by default, or by the name it gives).
+//!   matches by default; the name it gives is logged).
 //! - After a restart with `--state`: SM_NOTIFY to every client that held
 //!   NLM locks when the previous instance stopped, from the address it
 //!   used, naming this server by that address (so its status monitor finds
@@ -174,9 +174,7 @@ impl Service {
             proc_::UNMON_ALL => MyId::decode(&mut args).map(|_| SmStat { state }.encode(&mut out)),
             proc_::NOTIFY => StatChge::decode(&mut args).map(|c| {
                 let ip = caller.ctx.ip();
-                let n = self
-                    .nlm
-                    .forget_hosts(|h| h.ip == ip || h.name == c.mon_name.0);
+                let n = self.nlm.forget_hosts(|h| h.ip == ip);
                 tracing::info!(client = %ip, name = %String::from_utf8_lossy(&c.mon_name), state = c.state,
                     released = n, "NSM: a client restarted (SM_NOTIFY); its locks are released");
             }),
