@@ -818,3 +818,65 @@ fn the_host_table_forgets_idle_hosts_and_refuses_only_when_all_hold_locks() {
         Nlm4Stat::DeniedNolocks
     );
 }
+
+#[test]
+fn nlm_and_nsm_answer_over_udp_and_nothing_else_does() {
+    use nfsrdma_server::exports::Exports;
+    use nfsrdma_server::service::Service;
+    use nfsrdma_server::store::StoreConfig;
+    let rules = Exports::parse(EXPORTS).unwrap();
+    let ex = Service::exports_from_rules(&rules, &StoreConfig::default());
+    let service = Arc::new(Service::new(ex, ServiceConfig::default()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sock = rt
+        .block_on(tokio::net::UdpSocket::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = sock.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let task = rt.spawn(nfsrdma_server::udp::serve(service.clone(), sock, rx));
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.set_nonblocking(true).unwrap();
+    let mut xid = 0x100;
+    let mut call = |prog: u32, vers: u32, proc_: u32, args: &[u8]| -> (RpcMessage, Decoder) {
+        xid += 1;
+        let mut b = BytesMut::new();
+        RpcMessage::call(xid, prog, vers, proc_, nfsrdma_xdr::rpc::OpaqueAuth::none())
+            .encode(&mut b);
+        b.extend_from_slice(args);
+        client.send_to(&b, addr).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let n = rt.block_on(async {
+            // The server runs on this runtime: let it go while we wait.
+            tokio::task::yield_now().await;
+            tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    match client.recv(&mut buf) {
+                        Ok(n) => return n,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    }
+                }
+            })
+            .await
+            .expect("a UDP reply")
+        });
+        let mut d = Decoder::new(Bytes::copy_from_slice(&buf[..n]));
+        let h = RpcMessage::decode(&mut d).unwrap();
+        assert_eq!(h.xid, xid);
+        (h, d)
+    };
+    let (h, _) = call(nlm::PROGRAM, nlm::VERSION, proc_::NULL, &[]);
+    assert_success(&h);
+    let mut a = BytesMut::new();
+    SmName::from("me").encode(&mut a);
+    let (h, mut d) = call(nsm::PROGRAM, nsm::VERSION, nsm::proc_::STAT, &a);
+    assert_success(&h);
+    assert_eq!(SmStatRes::decode(&mut d).unwrap().state, 1);
+    // NFS is not served over UDP.
+    let (h, _) = call(nfsrdma_xdr::nfs3::PROGRAM, 3, 0, &[]);
+    assert_eq!(accept_stat(&h), Some(AcceptStat::ProgUnavail));
+    let _ = tx.send(true);
+    rt.block_on(task).unwrap();
+}
