@@ -30,6 +30,17 @@ struct FakeLockd {
     port: u16,
     calls: Arc<Mutex<Vec<(u32, Bytes)>>>,
     answer: Arc<Mutex<Nlm4Stat>>,
+    slow: Arc<Slow>,
+}
+
+/// GRANTED calls for owner `svid` are answered after `delay`; every
+/// GRANTED call records how many had been answered when it arrived.
+#[derive(Default)]
+struct Slow {
+    svid: Mutex<Option<i32>>,
+    answered: Mutex<usize>,
+    /// (svid, GRANTEDs answered before it arrived)
+    arrivals: Mutex<Vec<(i32, usize)>>,
 }
 
 impl FakeLockd {
@@ -38,17 +49,19 @@ impl FakeLockd {
         let port = l.local_addr().unwrap().port();
         let calls = Arc::new(Mutex::new(Vec::new()));
         let answer = Arc::new(Mutex::new(Nlm4Stat::Granted));
-        let (c, a) = (calls.clone(), answer.clone());
+        let slow = Arc::new(Slow::default());
+        let (c, a, sl) = (calls.clone(), answer.clone(), slow.clone());
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
-                let (c, a) = (c.clone(), a.clone());
-                std::thread::spawn(move || serve_fake(s, port, &c, &a));
+                let (c, a, sl) = (c.clone(), a.clone(), sl.clone());
+                std::thread::spawn(move || serve_fake(s, port, &c, &a, &sl));
             }
         });
         FakeLockd {
             port,
             calls,
             answer,
+            slow,
         }
     }
 
@@ -86,6 +99,7 @@ fn serve_fake(
     port: u16,
     calls: &Mutex<Vec<(u32, Bytes)>>,
     answer: &Mutex<Nlm4Stat>,
+    slow: &Slow,
 ) {
     let mut r = RecordReader::new(1 << 20);
     let mut buf = [0u8; 4096];
@@ -118,6 +132,12 @@ fn serve_fake(
             calls.lock().unwrap().push((c.proc_, args.clone()));
             if c.proc_ == proc_::GRANTED {
                 let a = Nlm4TestArgs::from_bytes(args).unwrap();
+                let before = *slow.answered.lock().unwrap();
+                slow.arrivals.lock().unwrap().push((a.alock.svid, before));
+                if *slow.svid.lock().unwrap() == Some(a.alock.svid) {
+                    std::thread::sleep(Duration::from_secs(3));
+                }
+                *slow.answered.lock().unwrap() += 1;
                 Nlm4Res {
                     cookie: a.cookie,
                     stat: *answer.lock().unwrap(),
@@ -879,4 +899,35 @@ fn nlm_and_nsm_answer_over_udp_and_nothing_else_does() {
     assert_eq!(accept_stat(&h), Some(AcceptStat::ProgUnavail));
     let _ = tx.send(true);
     rt.block_on(task).unwrap();
+}
+
+#[test]
+fn a_slow_client_does_not_hold_up_the_grants_of_others() {
+    let fake = FakeLockd::start();
+    *fake.slow.svid.lock().unwrap() = Some(666);
+    let srv = TestServer::with_config(EXPORTS, TcpConfig::default(), fake.config());
+    let mut a = Locker::new(srv.addr, "host-a");
+    let mut b = Locker::new(srv.addr, "host-b");
+    let (_, f) = create(&mut a.c, "f");
+    let (_, g) = create(&mut a.c, "g");
+    use Nlm4Stat::*;
+    assert_eq!(a.lock(&f, 1, true, 0, 0, false, false), Granted);
+    assert_eq!(a.lock(&g, 1, true, 0, 0, false, false), Granted);
+    assert_eq!(b.lock(&f, 666, true, 0, 0, true, false), Blocked);
+    assert_eq!(b.lock(&g, 5, true, 0, 0, true, false), Blocked);
+    // The slow client's grant goes first; the other's arrives while the
+    // slow one is still unanswered.
+    assert_eq!(a.unlock(&f, 1, 0, 0), Granted);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake.slow.arrivals.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.unlock(&g, 1, 0, 0), Granted);
+    while fake.slow.arrivals.lock().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "the second grant never came");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let arrivals = fake.slow.arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals, vec![(666, 0), (5, 0)]);
 }

@@ -44,7 +44,7 @@ use nfsrdma_xdr::rpc::AcceptStat;
 use nfsrdma_xdr::{Decoder, Xdr};
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -410,13 +410,39 @@ impl Shared {
     }
 }
 
-fn callbacks(sh: &Shared, rx: &mpsc::Receiver<Job>) {
+/// The most calls to clients in flight at once; more wait their turn on
+/// the lock manager's own thread.
+const MAX_CALLS_IN_FLIGHT: usize = 16;
+
+fn callbacks(sh: &Arc<Shared>, rx: &mpsc::Receiver<Job>) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    // A call to a slow or silent client takes seconds: each goes on a
+    // thread of its own so that the others are not held up behind it.
+    let run = |f: Box<dyn FnOnce(&Shared) + Send>| {
+        if in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_CALLS_IN_FLIGHT {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            return f(sh);
+        }
+        let (sh2, n) = (sh.clone(), in_flight.clone());
+        let spawned = std::thread::Builder::new()
+            .name("nlm-call".into())
+            .spawn(move || {
+                f(&sh2);
+                n.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            // A GRANTED lost so leaves the lock with its waiter, whose
+            // client finds it when it asks again (every 30 s on Linux).
+            tracing::warn!(error = %e, "no thread for a call to a client: it is dropped");
+        }
+    };
     loop {
         match rx.recv_timeout(RETRY_EVERY) {
-            Ok(Job::Call(f)) => f(sh),
+            Ok(Job::Call(f)) => run(f),
             Ok(Job::Wake) | Err(RecvTimeoutError::Timeout) => {
                 for (w, h) in sh.retry_waiters() {
-                    sh.send_granted(&w, &h);
+                    run(Box::new(move |sh: &Shared| sh.send_granted(&w, &h)));
                 }
             }
             Err(RecvTimeoutError::Disconnected) => return,
