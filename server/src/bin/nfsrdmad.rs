@@ -198,7 +198,8 @@ const LOCK_SERVICES: [(u32, u32); 2] = [
 ];
 
 /// Registers NLM and NSM over TCP on the NFS port and over UDP on
-/// `udp_port`, replacing what another server registered.
+/// `udp_port`, first removing what is there where rpcbind allows it (an
+/// earlier nfsrdmad's; not another owner's, such as the kernel lockd's).
 fn register_lock_services(
     rpcbind_addr: SocketAddr,
     tcp_port: u16,
@@ -598,7 +599,16 @@ async fn run(
                 registered = true;
                 tracing::info!("registered NFS and MOUNT with rpcbind");
             }
-            Err(e) => tracing::info!(error = %e, "not registered with rpcbind"),
+            // No rpcbind: nothing to register with (clients give ports).
+            Err(e @ rpcbind::RpcbindError::Unreachable { .. }) => {
+                tracing::info!(error = %e, "not registered with rpcbind")
+            }
+            // One that refuses (another server's registrations, which only
+            // their owner may remove): say so.
+            Err(e) => tracing::warn!(
+                error = %e,
+                "not registered with rpcbind: clients that ask it find another server, and NFSv3 clients cannot lock here"
+            ),
         }
     }
     if use_rpcbind && registered && v3_on {
