@@ -614,32 +614,22 @@ fn share_reservations_between_hosts() {
         },
         reclaim: false,
     };
-    let r: Nlm4ShareRes = a.call(
-        proc_::SHARE,
-        &share(&a, Fsh4Mode::DenyWrite, Fsh4Access::Read),
-    );
-    assert_eq!(r.stat, Nlm4Stat::Granted);
+    let call = |l: &mut Locker, proc_: u32, mode: Fsh4Mode, access: Fsh4Access| {
+        let args = share(l, mode, access);
+        l.call::<Nlm4ShareRes>(proc_, &args).stat
+    };
+    use Fsh4Access as A;
+    use Fsh4Mode as M;
+    use Nlm4Stat::*;
+    assert_eq!(call(&mut a, proc_::SHARE, M::DenyWrite, A::Read), Granted);
     // b may read but not write while a denies writing.
-    let r: Nlm4ShareRes = b.call(
-        proc_::SHARE,
-        &share(&b, Fsh4Mode::DenyNone, Fsh4Access::Write),
+    assert_eq!(call(&mut b, proc_::SHARE, M::DenyNone, A::Write), Denied);
+    assert_eq!(call(&mut b, proc_::SHARE, M::DenyNone, A::Read), Granted);
+    assert_eq!(call(&mut a, proc_::UNSHARE, M::DenyWrite, A::Read), Granted);
+    assert_eq!(
+        call(&mut b, proc_::SHARE, M::DenyNone, A::ReadWrite),
+        Granted
     );
-    assert_eq!(r.stat, Nlm4Stat::Denied);
-    let r: Nlm4ShareRes = b.call(
-        proc_::SHARE,
-        &share(&b, Fsh4Mode::DenyNone, Fsh4Access::Read),
-    );
-    assert_eq!(r.stat, Nlm4Stat::Granted);
-    let r: Nlm4ShareRes = a.call(
-        proc_::UNSHARE,
-        &share(&a, Fsh4Mode::DenyWrite, Fsh4Access::Read),
-    );
-    assert_eq!(r.stat, Nlm4Stat::Granted);
-    let r: Nlm4ShareRes = b.call(
-        proc_::SHARE,
-        &share(&b, Fsh4Mode::DenyNone, Fsh4Access::ReadWrite),
-    );
-    assert_eq!(r.stat, Nlm4Stat::Granted);
 }
 
 #[test]

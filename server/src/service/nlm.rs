@@ -630,18 +630,30 @@ impl Service {
         }
     }
 
+    /// What TEST, CANCEL and UNLOCK act on: the file, the owner and the
+    /// range; NLM4_DENIED_GRACE_PERIOD while a grace period is on (as the
+    /// Linux lockd answers them then).
+    fn nlm_target(
+        &self,
+        caller: &Caller,
+        l: &Nlm4Lock,
+    ) -> Result<(FileKey, NlmOwner, u64, u64), Nlm4Stat> {
+        let file = self.nlm_file(caller, &l.fh)?;
+        if self.nfs4.state.locks_in_grace(Instant::now()) {
+            self.nlm
+                .stats()
+                .grace_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Nlm4Stat::DeniedGracePeriod);
+        }
+        let owner = self.nlm_owner(caller, l)?;
+        let (start, end) = range(l.l_offset, l.l_len);
+        Ok((file, owner, start, end))
+    }
+
     fn nlm_test(&self, caller: &Caller, a: Nlm4TestArgs) -> Nlm4TestRes {
         let stat = (|| {
-            let file = self.nlm_file(caller, &a.alock.fh)?;
-            if self.nfs4.state.locks_in_grace(Instant::now()) {
-                self.nlm
-                    .stats()
-                    .grace_refusals
-                    .fetch_add(1, Ordering::Relaxed);
-                return Err(Nlm4Stat::DeniedGracePeriod);
-            }
-            let owner = self.nlm_owner(caller, &a.alock)?;
-            let (start, end) = range(a.alock.l_offset, a.alock.l_len);
+            let (file, owner, start, end) = self.nlm_target(caller, &a.alock)?;
             Ok(self
                 .nfs4
                 .state
@@ -742,12 +754,7 @@ impl Service {
 
     fn nlm_cancel(&self, caller: &Caller, a: Nlm4CancArgs) -> Nlm4Res {
         let stat = (|| {
-            let file = self.nlm_file(caller, &a.alock.fh)?;
-            if self.nfs4.state.locks_in_grace(Instant::now()) {
-                return Err(Nlm4Stat::DeniedGracePeriod);
-            }
-            let owner = self.nlm_owner(caller, &a.alock)?;
-            let (start, end) = range(a.alock.l_offset, a.alock.l_len);
+            let (file, owner, start, end) = self.nlm_target(caller, &a.alock)?;
             self.nlm.shared.lock().waiting.retain(|w| {
                 !(w.owner == owner
                     && w.file == file
@@ -766,12 +773,7 @@ impl Service {
 
     fn nlm_unlock(&self, caller: &Caller, a: Nlm4UnlockArgs) -> Nlm4Res {
         let stat = (|| {
-            let file = self.nlm_file(caller, &a.alock.fh)?;
-            if self.nfs4.state.locks_in_grace(Instant::now()) {
-                return Err(Nlm4Stat::DeniedGracePeriod);
-            }
-            let owner = self.nlm_owner(caller, &a.alock)?;
-            let (start, end) = range(a.alock.l_offset, a.alock.l_len);
+            let (file, owner, start, end) = self.nlm_target(caller, &a.alock)?;
             self.nfs4.state.nlm_unlock(owner, file, start, end);
             self.nlm.shared.unpin(file);
             let _ = self.nlm.jobs.send(Job::Wake);
