@@ -1102,6 +1102,11 @@ pub struct NlmOwner {
 /// ones).
 const NLM_CLIENTS: u64 = 0xffff_ffff_0000_0000;
 
+/// The lock manager's host behind a lock table client id, if it is one.
+fn nlm_host(client: u64) -> Option<u32> {
+    (client & NLM_CLIENTS == NLM_CLIENTS).then_some(client as u32)
+}
+
 impl NlmOwner {
     fn client(self) -> u64 {
         NLM_CLIENTS | u64::from(self.host)
@@ -1125,8 +1130,8 @@ impl NlmOwner {
     pub fn of(denied: &LockDenied) -> Option<NlmOwner> {
         let c = denied.owner.clientid;
         let svid: [u8; 4] = denied.owner.owner.0.as_ref().try_into().ok()?;
-        (c & NLM_CLIENTS == NLM_CLIENTS).then(|| NlmOwner {
-            host: c as u32,
+        nlm_host(c).map(|host| NlmOwner {
+            host,
             svid: i32::from_be_bytes(svid),
         })
     }
@@ -1205,7 +1210,7 @@ impl State4 {
         let mut n = 0;
         t.locks.retain(|_, rs| {
             let before = rs.len();
-            rs.retain(|r| !(r.client & NLM_CLIENTS == NLM_CLIENTS && gone(r.client as u32)));
+            rs.retain(|r| !nlm_host(r.client).is_some_and(&gone));
             n += before - rs.len();
             !rs.is_empty()
         });
@@ -1217,7 +1222,7 @@ impl State4 {
         let t = self.lock();
         t.locks
             .get(&file)
-            .is_some_and(|rs| rs.iter().any(|r| r.client & NLM_CLIENTS == NLM_CLIENTS))
+            .is_some_and(|rs| rs.iter().any(|r| nlm_host(r.client).is_some()))
     }
 
     /// The files on which the hosts `of` picks hold locks.
@@ -1225,10 +1230,7 @@ impl State4 {
         let t = self.lock();
         t.locks
             .iter()
-            .filter(|(_, rs)| {
-                rs.iter()
-                    .any(|r| r.client & NLM_CLIENTS == NLM_CLIENTS && of(r.client as u32))
-            })
+            .filter(|(_, rs)| rs.iter().any(|r| nlm_host(r.client).is_some_and(&of)))
             .map(|(f, _)| *f)
             .collect()
     }
@@ -1239,8 +1241,7 @@ impl State4 {
         t.locks
             .values()
             .flatten()
-            .filter(|r| r.client & NLM_CLIENTS == NLM_CLIENTS)
-            .map(|r| r.client as u32)
+            .filter_map(|r| nlm_host(r.client))
             .collect()
     }
 
@@ -1255,11 +1256,6 @@ impl State4 {
         let mut t = self.lock();
         let v4 = grace_on(&mut t, now);
         nlm_grace_on(&mut t, now) || v4
-    }
-
-    /// Whether the lock manager's own grace period is on at `now`.
-    pub fn nlm_in_grace(&self, now: Instant) -> bool {
-        nlm_grace_on(&mut self.lock(), now)
     }
 }
 
