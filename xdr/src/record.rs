@@ -4,7 +4,9 @@
 //! fragment of the record", the low 31 bits give the fragment's length.
 //! [`RecordReader`] reassembles records with a maximum record size; a peer
 //! that claims more is refused as soon as the marker arrives, before any of
-//! the claimed bytes are buffered.
+//! the claimed bytes are buffered. A claim within the maximum is not trusted
+//! either: the receive buffer grows as the bytes arrive, never more than
+//! [`DEFAULT_RESERVE_AHEAD`] (or the reader's own setting) ahead of them.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -12,6 +14,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 pub const LAST_FRAGMENT: u32 = 0x8000_0000;
 /// Largest length one fragment can carry.
 pub const MAX_FRAGMENT: u32 = 0x7fff_ffff;
+/// Bytes a [`RecordReader`] reserves at most ahead of those received for the
+/// rest of a fragment, unless [`RecordReader::with_reserve_ahead`] says
+/// otherwise.
+pub const DEFAULT_RESERVE_AHEAD: usize = 64 * 1024;
 
 /// A record-marking failure; the stream cannot be resynchronised after one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,10 +58,16 @@ pub fn write_record<B: BufMut>(out: &mut B, record: &[u8]) {
 /// [`RecordReader::next_record`]. A record that arrives as a single fragment
 /// is returned as a slice of the receive buffer (no copy); a multi-fragment
 /// record is joined into one buffer.
+///
+/// A marker's claim does not allocate: while a fragment's body is awaited
+/// the reader makes room for at most its reserve-ahead (64 KiB by default)
+/// beyond the bytes buffered, so a peer that claims a large fragment and
+/// sends little of it costs little.
 #[derive(Debug)]
 pub struct RecordReader {
     max_record: usize,
     max_fragments: usize,
+    reserve_ahead: usize,
     buf: BytesMut,
     /// Fragments of the record being assembled (all but the last).
     pending: Vec<Bytes>,
@@ -73,6 +85,7 @@ impl RecordReader {
         RecordReader {
             max_record,
             max_fragments: Self::DEFAULT_MAX_FRAGMENTS,
+            reserve_ahead: DEFAULT_RESERVE_AHEAD,
             buf: BytesMut::new(),
             pending: Vec::new(),
             pending_len: 0,
@@ -86,9 +99,27 @@ impl RecordReader {
         self
     }
 
+    /// Sets how far ahead of the bytes received the reader may reserve room
+    /// for the rest of a fragment: a small value for untrusted peers, up to
+    /// `usize::MAX` (room for the whole claimed fragment at its marker) for a
+    /// peer that is trusted to send what it claims.
+    pub fn with_reserve_ahead(mut self, n: usize) -> Self {
+        self.reserve_ahead = n;
+        self
+    }
+
     /// The largest record accepted.
     pub fn max_record(&self) -> usize {
         self.max_record
+    }
+
+    /// Bytes still missing before the fragment being received is complete
+    /// (before the next marker is: the rest of its four bytes).
+    pub fn wanted(&self) -> usize {
+        match self.current {
+            Some((len, _)) => len.saturating_sub(self.buf.len()),
+            None => 4usize.saturating_sub(self.buf.len()),
+        }
     }
 
     /// The receive buffer, to read into directly.
@@ -135,8 +166,12 @@ impl RecordReader {
                 }
             };
             if self.buf.len() < len {
-                // Make room for the rest of this fragment in one go.
-                self.buf.reserve(len - self.buf.len());
+                // Room for (part of) the rest of this fragment, no further
+                // ahead of the bytes received than allowed.
+                let want = (len - self.buf.len()).min(self.reserve_ahead);
+                if self.buf.capacity() - self.buf.len() < want {
+                    self.buf.reserve(want);
+                }
                 return Ok(None);
             }
             self.current = None;
@@ -209,6 +244,48 @@ mod tests {
                 max: 1 << 20
             })
         );
+    }
+
+    #[test]
+    fn a_large_claim_allocates_only_as_bytes_arrive() {
+        // A claim of 1 GiB within a 2 GiB maximum, then 10 bytes.
+        let mut r = RecordReader::new(2 << 30);
+        r.extend(&marker(1 << 30, true));
+        r.extend(&[7; 10]);
+        assert_eq!(r.next_record(), Ok(None));
+        assert_eq!(r.wanted(), (1 << 30) - 10);
+        assert!(
+            r.buffer_mut().capacity() <= 2 * DEFAULT_RESERVE_AHEAD,
+            "reserved {} bytes for 10 received",
+            r.buffer_mut().capacity()
+        );
+        // The buffer keeps growing with what arrives, and the record comes
+        // out whole.
+        let mut r = RecordReader::new(1 << 20);
+        let body: Vec<u8> = (0..(1 << 20) - 4).map(|i| i as u8).collect();
+        r.extend(&marker(body.len() as u32, true));
+        let mut peak = 0;
+        for chunk in body.chunks(10_000) {
+            assert_eq!(r.next_record(), Ok(None));
+            let cap = r.buffer_mut().capacity();
+            peak = peak.max(cap);
+            assert!(
+                cap <= 2 * (r.buffered() + DEFAULT_RESERVE_AHEAD),
+                "capacity {cap} for {} bytes buffered",
+                r.buffered()
+            );
+            r.extend(chunk);
+        }
+        assert_eq!(&r.next_record().unwrap().unwrap()[..], &body[..]);
+        assert!(peak >= body.len() / 2, "peak {peak}");
+    }
+
+    #[test]
+    fn a_trusted_peer_may_have_its_claim_reserved_at_once() {
+        let mut r = RecordReader::new(1 << 20).with_reserve_ahead(usize::MAX);
+        r.extend(&marker(1 << 19, true));
+        assert_eq!(r.next_record(), Ok(None));
+        assert!(r.buffer_mut().capacity() >= 1 << 19);
     }
 
     #[test]
