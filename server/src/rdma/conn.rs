@@ -137,12 +137,16 @@ impl Conn {
                 .iter()
                 .any(|wc| wc.is_ok() && WrId(wc.wr_id).kind() == Some(WrKind::Recv))
             {
-                let found = if self.poller.awaited() {
+                let found = self.poller.awaited();
+                let counter = if found.polling {
                     &self.stats.polled_calls
                 } else {
                     &self.stats.woken_calls
                 };
-                found.fetch_add(1, Ordering::Relaxed);
+                counter.fetch_add(1, Ordering::Relaxed);
+                if let Some(gap) = found.gap {
+                    self.stats.note_gap(gap);
+                }
             }
             self.batch_at = self.poller.worked();
             for wc in wcs.drain(..) {

@@ -56,9 +56,46 @@ pub struct RdmaStats {
     /// The most receive buffers one connection's messages held at once:
     /// never more than the credits granted, whatever a peer sends.
     pub receives_held_peak: AtomicU64,
+    /// Of the calls found polling under `--poll auto`, how long each came
+    /// after the connection's last work, by [`GAP_BOUNDS_US`] (the last
+    /// bucket: longer than the largest bound).
+    pub polled_gaps: [AtomicU64; GAP_BOUNDS_US.len() + 1],
 }
 
+/// Upper bounds (exclusive, in microseconds) of the buckets of
+/// [`RdmaStats::polled_gaps`].
+pub const GAP_BOUNDS_US: [u64; 9] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
+
 impl RdmaStats {
+    /// Counts a call found polling `gap` after the last work.
+    pub fn note_gap(&self, gap: std::time::Duration) {
+        let us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
+        let i = GAP_BOUNDS_US
+            .iter()
+            .position(|&b| us < b)
+            .unwrap_or(GAP_BOUNDS_US.len());
+        self.polled_gaps[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The gap buckets as `<16 N, <32 N, ..., >=4096 N`.
+    fn gaps_report(&self) -> String {
+        let mut out = String::new();
+        for (i, c) in self.polled_gaps.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            match GAP_BOUNDS_US.get(i) {
+                Some(b) => out.push_str(&format!("<{b} {}", c.load(Ordering::Relaxed))),
+                None => out.push_str(&format!(
+                    ">={} {}",
+                    GAP_BOUNDS_US[GAP_BOUNDS_US.len() - 1],
+                    c.load(Ordering::Relaxed)
+                )),
+            }
+        }
+        out
+    }
+
     /// A one-paragraph report.
     pub fn report(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -66,7 +103,8 @@ impl RdmaStats {
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
              discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, \
-             calls found polling {} / after a wake-up {}, receives held at most {}\n",
+             calls found polling {} / after a wake-up {}, receives held at most {}, \
+             gaps before calls found polling in us: {}\n",
             g(&self.connections),
             g(&self.open),
             g(&self.calls),
@@ -88,6 +126,7 @@ impl RdmaStats {
             g(&self.polled_calls),
             g(&self.woken_calls),
             g(&self.receives_held_peak),
+            self.gaps_report(),
         )
     }
 }
