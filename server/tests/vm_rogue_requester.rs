@@ -126,6 +126,10 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Self::start_with(RdmaConfig::default().max_connections)
+    }
+
+    fn start_with(max_connections: usize) -> Server {
         let rules = Exports::parse("/export *(rw,no_root_squash,insecure)\n").unwrap();
         // As the daemon does it: the store's blocks come from the device's
         // registered arena.
@@ -164,6 +168,7 @@ impl Server {
                 // Room for case 21's 1 MiB Read chunk.
                 max_io: 1 << 20,
                 chunk_buffers: 2,
+                max_connections,
                 ..RdmaConfig::default()
             },
             device.clone(),
@@ -343,6 +348,11 @@ impl Peer {
     /// Connects with an RFC 8797 message (4 KiB both ways) after posting
     /// the receives.
     fn connect(srv: &Server) -> Peer {
+        Self::try_connect(srv).expect("connect to the server")
+    }
+
+    /// [`Peer::connect`], or the connection manager's refusal.
+    fn try_connect(srv: &Server) -> Result<Peer, VerbsError> {
         let ch = EventChannel::new().expect("event channel");
         let id = CmId::new(&ch).expect("cm id");
         id.resolve(srv.addr(), T).expect("resolve");
@@ -376,20 +386,18 @@ impl Peer {
             send_size: INLINE as u32,
             recv_size: INLINE as u32,
         };
-        let accepted = id
-            .connect_and_wait(
-                &ConnParam {
-                    private_data: ours.encode().to_vec(),
-                    initiator_depth: 4,
-                    responder_resources: 4,
-                    ..ConnParam::default()
-                },
-                T,
-            )
-            .expect("connect to the server");
+        let accepted = id.connect_and_wait(
+            &ConnParam {
+                private_data: ours.encode().to_vec(),
+                initiator_depth: 4,
+                responder_resources: 4,
+                ..ConnParam::default()
+            },
+            T,
+        )?;
         let theirs = CmPrivate::decode(&accepted.private_data).expect("server's RFC 8797 message");
         assert_eq!(theirs.recv_size, INLINE as u32, "{theirs:?}");
-        Peer {
+        Ok(Peer {
             ch,
             id,
             cq,
@@ -403,7 +411,7 @@ impl Peer {
             sends_out: 0,
             next_slot: 0,
             next_xid: 0x5000_0000,
-        }
+        })
     }
 
     fn xid(&mut self) -> u32 {
@@ -1382,4 +1390,41 @@ fn every_case_against_one_server() {
     );
     assert_eq!(srv.device.remote_access_regions(), 0);
     println!("{}", srv.stats.report());
+}
+
+/// `max_connections` open: a further connect request is rejected by the
+/// connection manager (no queue pair or buffers set up for it), counted,
+/// and the connections already open keep being served; once one closes, a
+/// new one is accepted.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn connections_beyond_the_cap_are_rejected_and_counted() {
+    let srv = Server::start_with(2);
+    let mut good = Peer::connect(&srv);
+    let mut second = Peer::connect(&srv);
+    assert!(wait_until(|| srv.open() == 2), "open {}", srv.open());
+    for _ in 0..3 {
+        match Peer::try_connect(&srv) {
+            Ok(_) => panic!("a third connection was accepted with a cap of 2"),
+            Err(e @ VerbsError::Rejected { .. }) => println!("third connection: {e}"),
+            Err(e) => panic!("a third connection failed other than by a rejection: {e}"),
+        }
+    }
+    let refused = || srv.stats.refused_connections.load(Ordering::Relaxed);
+    assert_eq!(refused(), 3, "{}", srv.stats.report());
+    assert_eq!(srv.counts().connections, 2, "{}", srv.stats.report());
+    check_good(&mut good, &srv);
+    check_good(&mut second, &srv);
+    second.id.disconnect().expect("disconnect");
+    let deadline = Instant::now() + T;
+    while !second.disconnected {
+        second.poll();
+        assert!(Instant::now() < deadline, "no DISCONNECTED event");
+    }
+    assert!(wait_until(|| srv.open() == 1), "open {}", srv.open());
+    let mut third = Peer::connect(&srv);
+    check_good(&mut third, &srv);
+    check_good(&mut good, &srv);
+    assert_eq!(refused(), 3);
+    assert_eq!(srv.counts().connections, 3, "{}", srv.stats.report());
 }

@@ -130,6 +130,9 @@ fn cm_loop(
     disconnect: mpsc::Receiver<mpsc::Sender<usize>>,
 ) {
     let mut conns: HashMap<CmIdHandle, ConnHandle> = HashMap::new();
+    // Refusals since the last warning: one line per 10 s at most.
+    let mut refused_since_warning = 0u64;
+    let mut last_warning: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
         while let Ok(done) = disconnect.try_recv() {
@@ -156,6 +159,27 @@ fn cm_loop(
                 let Some(req) = ev.into_request() else {
                     continue;
                 };
+                conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
+                if conns.len() >= cfg.max_connections {
+                    // Rejected at once: no queue pair, no buffers, no
+                    // thread for it.
+                    if let Err(e) = req.id.reject(&[]) {
+                        tracing::debug!(error = %e, "rejecting an RDMA connect request");
+                    }
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    refused_since_warning += 1;
+                    if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        tracing::warn!(
+                            max_connections = cfg.max_connections,
+                            refused = refused_since_warning,
+                            peer = ?req.id.peer_addr(),
+                            "RDMA connect requests rejected: --max-connections connections are open"
+                        );
+                        refused_since_warning = 0;
+                        last_warning = Some(Instant::now());
+                    }
+                    continue;
+                }
                 match accept(req, &service, &cfg, &device, &stats) {
                     Ok(c) => {
                         conns.insert(c.id.handle(), c);

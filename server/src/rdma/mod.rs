@@ -61,6 +61,9 @@ pub struct RdmaConfig {
     /// see `nfsrdma_rpcrdma::conn::sendq` for when a Send is signaled
     /// anyway).
     pub signal_every: u32,
+    /// Connections served at once; a connect request beyond them is
+    /// rejected (counted in [`RdmaStats::refused_connections`]).
+    pub max_connections: usize,
 }
 
 impl Default for RdmaConfig {
@@ -75,6 +78,7 @@ impl Default for RdmaConfig {
                 max: AUTO_MAX_DEFAULT,
             },
             signal_every: 1,
+            max_connections: 256,
         }
     }
 }
@@ -86,6 +90,17 @@ impl RdmaConfig {
         let inline = CmPrivate::representable(self.inline_size) as usize;
         let slots = self.credits as usize;
         slots * inline + slots * inline + self.chunk_buffers * self.chunk_size()
+    }
+
+    /// The connections whose registered memory
+    /// ([`RdmaConfig::memory_per_connection`]) fits in half of
+    /// `memory_total` bytes (the machine's memory): the default of
+    /// `--max-connections` over RDMA. At least 1.
+    pub fn max_connections_for_memory(&self, memory_total: u64) -> usize {
+        let per = self.memory_per_connection().max(1) as u64;
+        usize::try_from(memory_total / 2 / per)
+            .unwrap_or(usize::MAX)
+            .max(1)
     }
 
     /// Bytes of one chunk buffer (and the largest call assembled from
@@ -115,6 +130,19 @@ impl RdmaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_connection_cap_fits_half_the_memory() {
+        let cfg = RdmaConfig::default();
+        let per = cfg.memory_per_connection() as u64;
+        // 2 GiB: 1 GiB of registered memory for connections.
+        let n = cfg.max_connections_for_memory(2 << 30);
+        assert_eq!(n as u64, (1 << 30) / per);
+        assert!(n as u64 * per <= 1 << 30 && (n as u64 + 1) * per > 1 << 30);
+        // A machine too small for one still serves one.
+        assert_eq!(cfg.max_connections_for_memory(per), 1);
+        assert_eq!(cfg.max_connections_for_memory(0), 1);
+    }
 
     #[test]
     fn adaptive_polling_signals_every_reply_by_default() {

@@ -45,6 +45,8 @@ pub struct RdmaStats {
     pub payload_copies: AtomicU64,
     /// Connections ended by an error.
     pub errors: AtomicU64,
+    /// Connect requests rejected because `max_connections` were open.
+    pub refused_connections: AtomicU64,
     /// Connections dropped by [`RdmaListener::disconnect_all`].
     pub forced_disconnects: AtomicU64,
     /// Calls found by a connection thread that was polling (busy, or
@@ -102,7 +104,7 @@ impl RdmaStats {
         format!(
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
-             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, \
+             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, connections refused over the cap {}, \
              calls found polling {} / after a wake-up {}, receives held at most {}, \
              gaps before calls found polling in us: {}\n",
             g(&self.connections),
@@ -123,6 +125,7 @@ impl RdmaStats {
             g(&self.credits_granted),
             g(&self.payload_copies),
             g(&self.errors),
+            g(&self.refused_connections),
             g(&self.polled_calls),
             g(&self.woken_calls),
             g(&self.receives_held_peak),
