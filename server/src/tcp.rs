@@ -3,10 +3,18 @@
 //! Each connection has a reader that reassembles records and starts one task
 //! per call, and a writer that sends replies as they complete (out of order
 //! when calls finish out of order), gathering whatever replies are ready
-//! into one `writev`. Calls in flight are bounded per connection (the reader
-//! stops reading when its connection is at the bound) and for the whole
-//! server (the worker pool). A record larger than the maximum closes that
-//! connection only.
+//! into one `writev`. Calls executing at once are bounded for the whole
+//! server (the worker pool); per connection, the calls whose replies are not
+//! yet written are bounded in number and in bytes (see [`TcpConfig`]): a
+//! call holds its share until the writer has written its reply, and the
+//! reader takes no further call from a connection over its share, so a
+//! client that sends calls and never reads the replies stops being read
+//! instead of growing the server's memory. A record larger than the maximum
+//! closes that connection only, and a record's buffer grows as its bytes
+//! arrive, not at its claimed length. A connection on which no record
+//! completes, or whose replies go unread, for the idle timeout is closed;
+//! beyond the connection cap, new connections are accepted and closed at
+//! once.
 
 use crate::service::metrics::Transport;
 use crate::service::{CallContext, Service};
@@ -14,13 +22,35 @@ use bytes::{Buf, Bytes};
 use nfsrdma_xdr::record::{marker, RecordReader};
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Bytes the reader makes room for at a time (it reads at most this much
+/// ahead of what a connection's records need).
+pub const READ_CHUNK: usize = 64 * 1024;
+/// Bytes a call is charged for its reply before it runs when its reply
+/// cannot be large (every NFSv3 procedure but READ, READLINK, READDIR and
+/// READDIRPLUS; MOUNT but DUMP and EXPORT; NLM; NSM; anything refused).
+pub const SMALL_REPLY: usize = 4096;
+/// Bytes a reply waiting for the writer is charged beyond its own: its
+/// record marker and bookkeeping.
+pub const REPLY_OVERHEAD: usize = 256;
+/// Bytes of a connection's own state (tasks, channel, counters), beyond its
+/// buffers.
+pub const CONNECTION_OVERHEAD: usize = 16 * 1024;
+/// Descriptors kept for everything but TCP connections when the connection
+/// cap is derived from the open-file limit.
+pub const FD_RESERVE: usize = 64;
+/// When the daemon is stopping, a connection whose writer makes no progress
+/// for this long is closed with its replies unsent.
+const SHUTDOWN_STALL: Duration = Duration::from_secs(5);
+/// The least time between two log lines about refused connections.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// TCP listener settings.
 #[derive(Debug, Clone)]
@@ -29,8 +59,30 @@ pub struct TcpConfig {
     pub max_record: usize,
     /// Calls executing at once across all connections.
     pub workers: usize,
-    /// Calls in flight on one connection.
+    /// Calls in flight on one connection: from the reader taking the call
+    /// until the writer has written its reply.
     pub per_connection: usize,
+    /// Bytes one connection's calls in flight may hold: their requests
+    /// until they have run, their replies until written. A call is charged
+    /// its request's length and the most its reply may be ([`SMALL_REPLY`]
+    /// or `max_reply`) before it starts, the reply's real size once it is
+    /// made, and nothing once written. The reader takes no new call while
+    /// the connection's charge would go past this (a call on a connection
+    /// with nothing in flight always starts).
+    pub call_budget: usize,
+    /// The most one reply may be, charged before the call runs to a call
+    /// whose reply may be large (NFSv4 COMPOUND, NFSv3 READ, READLINK,
+    /// READDIR, READDIRPLUS, MOUNT DUMP and EXPORT). A reply that turns out
+    /// larger is charged its real size.
+    pub max_reply: usize,
+    /// A connection on which no record completes for this long while it has
+    /// no call in flight (silent, or dribbling a record that never
+    /// completes), or whose writer cannot write any of its replies for this
+    /// long, is closed. `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// Connections served at once; further ones are accepted and closed at
+    /// once (counted in [`TcpStats::refused_connections`]).
+    pub max_connections: usize,
 }
 
 impl Default for TcpConfig {
@@ -39,21 +91,101 @@ impl Default for TcpConfig {
             max_record: (1 << 20) + 64 * 1024,
             workers: 64,
             per_connection: 64,
+            call_budget: 16 << 20,
+            max_reply: (1 << 20) + 16 * 1024,
+            idle_timeout: Some(Duration::from_secs(360)),
+            max_connections: default_max_connections(),
         }
     }
+}
+
+impl TcpConfig {
+    /// The most memory one connection may hold: its receive buffer (a
+    /// record being assembled grows with the bytes received, at most
+    /// doubling its allocation, plus [`READ_CHUNK`]), its calls in flight
+    /// (`call_budget`, or one call's request and largest reply when that
+    /// is more) and its own state.
+    pub fn memory_per_connection(&self) -> usize {
+        let receive = 2 * (self.max_record + READ_CHUNK);
+        let one_call = self.max_record + self.max_reply + REPLY_OVERHEAD;
+        receive + self.call_budget.max(one_call) + CONNECTION_OVERHEAD
+    }
+
+    /// The most memory the TCP front end may hold: every connection at its
+    /// most, and the requests of the calls executing (each may keep a
+    /// receive buffer it was cut from alive until it has run).
+    pub fn memory_total(&self) -> usize {
+        let per_call = 2 * (self.max_record + READ_CHUNK);
+        self.memory_per_connection()
+            .saturating_mul(self.max_connections.max(1))
+            .saturating_add(per_call.saturating_mul(self.workers.max(1)))
+    }
+}
+
+/// The default connection cap: the process's open-file limit (its soft
+/// `RLIMIT_NOFILE`, read from `/proc/self/limits`) less [`FD_RESERVE`]
+/// descriptors for everything else, at least 16; 1024 less the reserve when
+/// the limit cannot be read, 65536 when it is unlimited.
+pub fn default_max_connections() -> usize {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("Max open files"))?;
+            let soft = line
+                .trim_start_matches("Max open files")
+                .split_whitespace()
+                .next()?;
+            Some(if soft == "unlimited" {
+                65536 + FD_RESERVE
+            } else {
+                soft.parse::<usize>().ok()?
+            })
+        })
+        .unwrap_or(1024);
+    soft.saturating_sub(FD_RESERVE).max(16)
 }
 
 /// Counters of the TCP listener.
 #[derive(Debug, Default)]
 pub struct TcpStats {
-    /// Connections accepted.
+    /// Connections accepted and served.
     pub accepted: AtomicU64,
     /// Connections open now.
     pub open: AtomicU64,
+    /// Connections accepted and closed at once because `max_connections`
+    /// were open.
+    pub refused_connections: AtomicU64,
+    /// Connections closed because no record completed for the idle timeout.
+    pub closed_idle: AtomicU64,
+    /// Connections closed because none of their replies could be written
+    /// for the idle timeout (the client does not read them).
+    pub closed_unread: AtomicU64,
+    /// Times a connection's reader paused because the connection's calls
+    /// in flight held its whole call budget (or all its call slots).
+    pub reader_pauses: AtomicU64,
     /// Connections closed because a record was too large or malformed.
     pub refused_records: AtomicU64,
     /// Records received.
     pub records: AtomicU64,
+}
+
+impl TcpStats {
+    /// The counters as the daemon prints them: one line.
+    pub fn report(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "tcp: connections {} (open {}, refused over --max-connections {}, closed idle {}, \
+             closed with replies unread {}), records {} (refused {}), reader pauses for unsent replies {}\n",
+            g(&self.accepted),
+            g(&self.open),
+            g(&self.refused_connections),
+            g(&self.closed_idle),
+            g(&self.closed_unread),
+            g(&self.records),
+            g(&self.refused_records),
+            g(&self.reader_pauses),
+        )
+    }
 }
 
 /// A running TCP front end.
@@ -84,10 +216,34 @@ impl TcpServer {
     /// calls in flight to finish.
     pub async fn serve(&self, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
         let mut conns = tokio::task::JoinSet::new();
+        let max = self.config.max_connections.max(1);
+        // Refusals since the last line about them, and when that was.
+        let mut refused_unlogged = 0u64;
+        let mut last_refusal_log: Option<Instant> = None;
         loop {
             tokio::select! {
                 r = listener.accept() => match r {
                     Ok((stream, peer)) => {
+                        while conns.try_join_next().is_some() {}
+                        if conns.len() >= max {
+                            // Accepted and closed at once: the client sees
+                            // the connection end before any reply.
+                            drop(stream);
+                            self.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                            refused_unlogged += 1;
+                            if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+                                tracing::warn!(
+                                    peer = %peer,
+                                    open = conns.len(),
+                                    max_connections = max,
+                                    refused = refused_unlogged,
+                                    "TCP connection refused: --max-connections are open (refused counts those since the last such line; one line per 10 s at most)"
+                                );
+                                refused_unlogged = 0;
+                                last_refusal_log = Some(Instant::now());
+                            }
+                            continue;
+                        }
                         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
                         let conn = Connection {
                             service: self.service.clone(),
@@ -101,7 +257,7 @@ impl TcpServer {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
@@ -116,12 +272,117 @@ impl TcpServer {
     }
 }
 
+/// What one connection's calls in flight hold, shared by its reader, its
+/// calls and its writer.
+struct Flow {
+    /// Bytes charged to calls in flight (see [`TcpConfig::call_budget`]).
+    held: AtomicUsize,
+    /// Calls started and not yet answered (their reply made or dropped).
+    running: AtomicUsize,
+    /// Bumped whenever the writer writes or a call finishes.
+    progress: AtomicU64,
+    /// The writer has stopped (the connection is broken or closed).
+    closed: AtomicBool,
+    /// Wakes the reader when charge is released or the writer stops.
+    wake: Notify,
+    /// Wakes the reader when the writer stops.
+    dead: Notify,
+}
+
+impl Flow {
+    /// Charges `n` bytes if the budget allows (or nothing is held).
+    fn try_charge(&self, n: usize, budget: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                (h == 0 || h.saturating_add(n) <= budget).then(|| h.saturating_add(n))
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+        self.wake.notify_one();
+    }
+}
+
+/// Bytes charged to a call; released when dropped.
+struct Charge {
+    flow: Arc<Flow>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Changes the charge to `bytes` (more is taken whatever the budget:
+    /// the memory is already in use).
+    fn set(&mut self, bytes: usize) {
+        if bytes > self.bytes {
+            self.flow
+                .held
+                .fetch_add(bytes - self.bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+        } else if bytes < self.bytes {
+            self.flow.release(self.bytes - bytes);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.flow.release(self.bytes);
+        }
+    }
+}
+
+/// A reply waiting for the writer, with the call's slot and charge.
+struct Queued {
+    parts: Vec<Bytes>,
+    _charge: Charge,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// What a call's reply is charged before the call runs: [`SMALL_REPLY`]
+/// unless the RPC header names a procedure whose reply may be large.
+fn reply_estimate(rec: &[u8], max_reply: usize) -> usize {
+    let word = |i: usize| {
+        rec.get(i..i + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_be_bytes)
+    };
+    const CALL: u32 = 0;
+    const NFS: u32 = nfsrdma_xdr::nfs3::PROGRAM;
+    const MOUNT: u32 = nfsrdma_xdr::mount::PROGRAM;
+    let large = match (word(4), word(12), word(16), word(20)) {
+        // READLINK, READ, READDIR, READDIRPLUS.
+        (Some(CALL), Some(NFS), Some(3), Some(5 | 6 | 16 | 17)) => true,
+        // COMPOUND.
+        (Some(CALL), Some(NFS), Some(4), Some(1)) => true,
+        // DUMP, EXPORT.
+        (Some(CALL), Some(MOUNT), _, Some(2 | 5)) => true,
+        _ => false,
+    };
+    if large {
+        max_reply.max(SMALL_REPLY)
+    } else {
+        SMALL_REPLY
+    }
+}
+
 struct Connection {
     service: Arc<Service>,
     config: TcpConfig,
     workers: Arc<Semaphore>,
     stats: Arc<TcpStats>,
     peer: SocketAddr,
+}
+
+/// Why a connection's reader stopped.
+enum End {
+    /// The peer closed, a read failed, or the writer stopped.
+    Peer,
+    /// The daemon is stopping.
+    Shutdown,
 }
 
 impl Connection {
@@ -133,34 +394,117 @@ impl Connection {
             peer: self.peer,
             local: stream.local_addr().ok(),
         };
-        let (mut rd, wr) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel::<Vec<Bytes>>();
-        let writer = tokio::spawn(write_replies(wr, rx));
-        let per_conn = Arc::new(Semaphore::new(self.config.per_connection.max(1)));
+        let (rd, wr) = stream.into_split();
+        let slots = self.config.per_connection.max(1);
+        // Every queued reply holds one of the connection's slots: the
+        // channel never holds more.
+        let (tx, rx) = mpsc::channel::<Queued>(slots);
+        let flow = Arc::new(Flow {
+            held: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            progress: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            wake: Notify::new(),
+            dead: Notify::new(),
+        });
+        let mut writer = tokio::spawn(write_replies(
+            wr,
+            rx,
+            flow.clone(),
+            self.stats.clone(),
+            self.peer,
+            self.config.idle_timeout,
+        ));
+        let per_conn = Arc::new(Semaphore::new(slots));
+        let budget = self.config.call_budget;
         let mut reader = RecordReader::new(self.config.max_record);
-        'conn: loop {
+        // The idle clock: restarted by each record completed.
+        let mut last_record = Instant::now();
+        let end = 'conn: loop {
             // Hand out every complete record before reading more.
             loop {
+                if flow.closed.load(Ordering::Acquire) {
+                    break 'conn End::Peer;
+                }
                 match reader.next_record() {
                     Ok(Some(rec)) => {
                         // The turnaround counts from here: waiting for a
                         // worker is the server's time too.
                         let arrived = Instant::now();
+                        last_record = arrived;
                         self.stats.records.fetch_add(1, Ordering::Relaxed);
-                        let Ok(conn_permit) = per_conn.clone().acquire_owned().await else {
-                            break 'conn;
+                        let cost = rec.len() + reply_estimate(&rec, self.config.max_reply);
+                        // A slot and the charge: while the connection's
+                        // calls in flight hold either, read nothing more.
+                        let mut paused = false;
+                        let slot = match per_conn.clone().try_acquire_owned() {
+                            Ok(p) => p,
+                            Err(_) => {
+                                paused = true;
+                                self.stats.reader_pauses.fetch_add(1, Ordering::Relaxed);
+                                tokio::select! {
+                                    p = per_conn.clone().acquire_owned() => match p {
+                                        Ok(p) => p,
+                                        Err(_) => break 'conn End::Peer,
+                                    },
+                                    _ = flow.dead.notified() => break 'conn End::Peer,
+                                    _ = shutdown.changed() => break 'conn End::Shutdown,
+                                }
+                            }
                         };
+                        loop {
+                            let woken = flow.wake.notified();
+                            tokio::pin!(woken);
+                            woken.as_mut().enable();
+                            if flow.closed.load(Ordering::Acquire) {
+                                break 'conn End::Peer;
+                            }
+                            if flow.try_charge(cost, budget) {
+                                break;
+                            }
+                            if !paused {
+                                paused = true;
+                                self.stats.reader_pauses.fetch_add(1, Ordering::Relaxed);
+                            }
+                            tokio::select! {
+                                _ = woken => {}
+                                _ = shutdown.changed() => break 'conn End::Shutdown,
+                            }
+                        }
+                        let charge = Charge {
+                            flow: flow.clone(),
+                            bytes: cost,
+                        };
+                        if paused {
+                            tracing::trace!(peer = %self.peer, "reader resumed");
+                        }
                         let Ok(worker) = self.workers.clone().acquire_owned().await else {
-                            break 'conn;
+                            break 'conn End::Peer;
                         };
                         let service = self.service.clone();
                         let tx = tx.clone();
+                        let flow = flow.clone();
+                        flow.running.fetch_add(1, Ordering::AcqRel);
                         tokio::spawn(async move {
-                            if let Some(reply) = service.handle(&ctx, rec) {
+                            let mut charge = charge;
+                            let reply = service.handle(&ctx, rec);
+                            drop(worker);
+                            flow.running.fetch_sub(1, Ordering::AcqRel);
+                            flow.progress.fetch_add(1, Ordering::Relaxed);
+                            if let Some(reply) = reply {
                                 let mut parts = reply.to_parts();
                                 let len: usize = parts.iter().map(Bytes::len).sum();
                                 parts.insert(0, Bytes::copy_from_slice(&marker(len as u32, true)));
-                                let _ = tx.send(parts);
+                                // The request is gone; the reply is what
+                                // the call holds now.
+                                charge.set(len + REPLY_OVERHEAD);
+                                let _ = tx
+                                    .send(Queued {
+                                        parts,
+                                        _charge: charge,
+                                        _slot: slot,
+                                    })
+                                    .await;
                                 if let Some(c) = reply.class {
                                     service.metrics().record_turnaround(
                                         Transport::Tcp,
@@ -169,63 +513,157 @@ impl Connection {
                                     );
                                 }
                             }
-                            drop(worker);
-                            drop(conn_permit);
                         });
                     }
                     Ok(None) => break,
                     Err(e) => {
                         self.stats.refused_records.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(peer = %self.peer, error = %e, "closing connection");
-                        break 'conn;
+                        break 'conn End::Peer;
                     }
                 }
             }
-            let buf = reader.buffer_mut();
-            if buf.capacity() - buf.len() < 4096 {
-                buf.reserve(64 * 1024);
-            }
+            let idle_deadline = self
+                .config
+                .idle_timeout
+                .map(|t| tokio::time::Instant::from_std(last_record) + t);
+            // Room for the bytes is made once they are there: a connection
+            // that sends nothing holds no receive buffer.
             tokio::select! {
-                r = rd.read_buf(buf) => match r {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(peer = %self.peer, error = %e, "read failed");
-                        break;
+                r = rd.readable() => {
+                    let buf = reader.buffer_mut();
+                    if buf.capacity() - buf.len() < 4096 {
+                        buf.reserve(READ_CHUNK);
+                    }
+                    match r.and_then(|()| rd.try_read_buf(buf)) {
+                        Ok(0) => break End::Peer,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            tracing::debug!(peer = %self.peer, error = %e, "read failed");
+                            break End::Peer;
+                        }
                     }
                 },
-                _ = shutdown.changed() => break,
+                _ = flow.dead.notified() => break End::Peer,
+                _ = sleep_until(idle_deadline) => {
+                    if flow.held.load(Ordering::Acquire) > 0
+                        || flow.running.load(Ordering::Acquire) > 0
+                    {
+                        // Calls in flight: the client waits for us, and the
+                        // writer watches its own progress.
+                        last_record = Instant::now();
+                    } else {
+                        self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(
+                            peer = %self.peer,
+                            seconds = self.config.idle_timeout.unwrap_or_default().as_secs_f64(),
+                            partial_record_bytes = reader.buffered(),
+                            "closing idle TCP connection: no record completed for the idle timeout"
+                        );
+                        break End::Peer;
+                    }
+                }
+                _ = shutdown.changed() => break End::Shutdown,
             }
-        }
+        };
         drop(tx);
-        // The writer ends once every call of this connection has replied.
-        let _ = writer.await;
+        drop(rd);
+        // The writer ends once every call of this connection has replied
+        // (or the peer stops taking replies for the idle timeout). When the
+        // daemon stops, a writer that makes no progress for a few seconds
+        // is not waited for.
+        if matches!(end, End::Shutdown) {
+            loop {
+                let before = flow.progress.load(Ordering::Relaxed);
+                match tokio::time::timeout(SHUTDOWN_STALL, &mut writer).await {
+                    Ok(_) => break,
+                    Err(_) if flow.progress.load(Ordering::Relaxed) != before => {}
+                    Err(_) if flow.running.load(Ordering::Acquire) > 0 => {}
+                    Err(_) => {
+                        tracing::info!(peer = %self.peer, "stopping: replies unread, connection closed");
+                        writer.abort();
+                        let _ = writer.await;
+                        break;
+                    }
+                }
+            }
+        } else {
+            let _ = writer.await;
+        }
         self.stats.open.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!(peer = %self.peer, "connection closed");
     }
 }
 
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Sends replies in completion order, gathering ready ones into one write.
-async fn write_replies(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<Bytes>>) {
-    while let Some(mut parts) = rx.recv().await {
-        while parts.len() < 256 {
+/// Each reply's slot and charge are released once it is written.
+async fn write_replies(
+    mut w: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Queued>,
+    flow: Arc<Flow>,
+    stats: Arc<TcpStats>,
+    peer: SocketAddr,
+    stall_limit: Option<Duration>,
+) {
+    let mut batch: Vec<Queued> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        let mut n_parts = batch[0].parts.len();
+        while n_parts < 256 {
             match rx.try_recv() {
-                Ok(more) => parts.extend(more),
+                Ok(more) => {
+                    n_parts += more.parts.len();
+                    batch.push(more);
+                }
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_all_parts(&mut w, parts).await {
-            tracing::debug!(error = %e, "write failed");
-            // Keep draining so that callers do not block; the connection
-            // is gone.
-            while rx.recv().await.is_some() {}
-            return;
+        let parts: Vec<Bytes> = batch
+            .iter_mut()
+            .flat_map(|q| std::mem::take(&mut q.parts))
+            .collect();
+        match write_all_parts(&mut w, parts, &flow, stall_limit).await {
+            Ok(()) => batch.clear(),
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    stats.closed_unread.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        peer = %peer,
+                        seconds = stall_limit.unwrap_or_default().as_secs_f64(),
+                        "closing TCP connection: the client took none of its replies for the idle timeout"
+                    );
+                } else {
+                    tracing::debug!(peer = %peer, error = %e, "write failed");
+                }
+                // The connection is gone: its reader stops, and replies
+                // still to come are dropped with the channel.
+                flow.closed.store(true, Ordering::Release);
+                drop(batch);
+                rx.close();
+                flow.wake.notify_one();
+                flow.dead.notify_one();
+                return;
+            }
         }
     }
     let _ = w.shutdown().await;
 }
 
-async fn write_all_parts(w: &mut OwnedWriteHalf, mut parts: Vec<Bytes>) -> std::io::Result<()> {
+async fn write_all_parts(
+    w: &mut OwnedWriteHalf,
+    mut parts: Vec<Bytes>,
+    flow: &Flow,
+    stall_limit: Option<Duration>,
+) -> std::io::Result<()> {
     let mut i = 0;
     while i < parts.len() {
         let slices: Vec<IoSlice<'_>> = parts[i..]
@@ -233,10 +671,18 @@ async fn write_all_parts(w: &mut OwnedWriteHalf, mut parts: Vec<Bytes>) -> std::
             .take(64)
             .map(|b| IoSlice::new(b))
             .collect();
-        let mut n = w.write_vectored(&slices).await?;
+        let write = w.write_vectored(&slices);
+        let mut n = match stall_limit {
+            Some(t) => match tokio::time::timeout(t, write).await {
+                Ok(r) => r?,
+                Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+            },
+            None => write.await?,
+        };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
+        flow.progress.fetch_add(1, Ordering::Relaxed);
         while n > 0 {
             let l = parts[i].len();
             if n >= l {

@@ -428,7 +428,9 @@ async fn read_loop(
     mut closed: watch::Receiver<bool>,
 ) {
     let mut dead_rx = dead.subscribe();
-    let mut reader = RecordReader::new(shared.opts.max_record);
+    // The server is trusted to send what it claims: room for a whole reply
+    // fragment is made at its marker, as before.
+    let mut reader = RecordReader::new(shared.opts.max_record).with_reserve_ahead(usize::MAX);
     'conn: loop {
         loop {
             match reader.next_record() {

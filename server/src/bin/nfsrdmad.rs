@@ -85,6 +85,16 @@ struct Args {
     /// Largest RPC record accepted on TCP (K, M suffixes) [default: 1088K].
     #[arg(long, value_name = "SIZE")]
     max_record: Option<String>,
+    /// TCP connections served at once; further ones are accepted and
+    /// closed at once, counted and logged [default: the open-file limit
+    /// (soft RLIMIT_NOFILE) less 64].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Close a TCP connection on which no record completes for SECS while
+    /// it has no call in flight (silent, or dribbling a record), or whose
+    /// client takes none of its replies for SECS; 0: never [default: 360].
+    #[arg(long, value_name = "SECS")]
+    tcp_idle_timeout: Option<u64>,
     /// Largest READ and WRITE, offered to clients in FSINFO (their rsize
     /// and wsize at most): a multiple of 4K up to 1M (K, M suffixes)
     /// [default: 1M].
@@ -132,6 +142,8 @@ struct Config {
     max_inodes: Option<u64>,
     workers: Option<usize>,
     max_record: Option<String>,
+    max_connections: Option<usize>,
+    tcp_idle_timeout: Option<u64>,
     max_io: Option<String>,
     metrics: Option<SocketAddr>,
     state: Option<PathBuf>,
@@ -299,6 +311,18 @@ fn start() -> Result<()> {
             bail!("--max-record must be at least 4K");
         }
     }
+    if let Some(n) = args.max_connections.or(cfg.max_connections) {
+        if n == 0 {
+            bail!("--max-connections must be at least 1");
+        }
+        tcp.max_connections = n;
+    }
+    if let Some(t) = args.tcp_idle_timeout.or(cfg.tcp_idle_timeout) {
+        if t > 86_400 {
+            bail!("--tcp-idle-timeout must be between 0 and 86400 seconds (got {t})");
+        }
+        tcp.idle_timeout = (t > 0).then(|| std::time::Duration::from_secs(t));
+    }
     let mut service_config = ServiceConfig::default();
     if let Some(s) = args.max_io.as_ref().or(cfg.max_io.as_ref()) {
         let n = parse_size(s).context("--max-io")?;
@@ -307,6 +331,9 @@ fn start() -> Result<()> {
         }
         service_config.max_io = n as u32;
     }
+    // The largest reply: a READ of max_io, or an NFSv4 COMPOUND within its
+    // session's limit (max_io and 16K).
+    tcp.max_reply = service_config.max_io as usize + 16 * 1024;
     if let Some(v) = args.versions.as_ref().or(cfg.versions.as_ref()) {
         let (mut v3, mut v41, mut v42) = (false, false, false);
         for part in v.split(',').map(str::trim) {
@@ -507,6 +534,20 @@ fn start() -> Result<()> {
     Ok(())
 }
 
+/// The NFS listener, with room for 4096 connections waiting to be accepted
+/// (as the kernel nfsd asks for: a crowd of clients reconnecting at once
+/// is not turned away by the default of 128).
+fn listen_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(4096)
+}
+
 async fn run(
     service: Arc<Service>,
     addr: SocketAddr,
@@ -522,11 +563,17 @@ async fn run(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut usr1 = signal(SignalKind::user_defined1())?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding TCP {addr}"))?;
+    let listener = listen_tcp(addr).with_context(|| format!("binding TCP {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(addr = %local, versions = %version_list(&service), "serving NFS, MOUNT v3, NLM 4 and NSM 1 over TCP");
+    tracing::info!(
+        max_connections = tcp.max_connections,
+        idle_timeout_secs = tcp.idle_timeout.map_or(0, |t| t.as_secs()),
+        call_budget = tcp.call_budget,
+        memory_per_connection = tcp.memory_per_connection(),
+        memory_total = tcp.memory_total(),
+        "TCP limits (bytes): per connection its receive buffer, calls in flight and state; in all, every connection and the calls executing"
+    );
     // Tests and scripts read this line to learn the port.
     println!("nfsrdmad: listening on tcp {local}");
 
@@ -630,6 +677,7 @@ async fn run(
     }
 
     let server = TcpServer::new(service.clone(), tcp);
+    let tcp_stats = server.stats();
     let mut exporting = None;
     if let Some(addr) = metrics {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -656,6 +704,7 @@ async fn run(
             _ = int.recv() => break,
             _ = usr1.recv() => {
                 eprint!("{}", service.report());
+                eprint!("{}", tcp_stats.report());
                 if let Some(s) = &rdma_stats {
                     eprint!("{}", s.report());
                 }
@@ -687,6 +736,7 @@ async fn run(
         .await;
     }
     eprint!("{}", service.report());
+    eprint!("{}", tcp_stats.report());
     if let Some(s) = &rdma_stats {
         eprint!("{}", s.report());
     }

@@ -290,6 +290,30 @@ impl Collector for Sources {
                 "TCP connections closed for a record too large or malformed",
                 load(&t.refused_records),
             )?;
+            counter(
+                &mut e,
+                "tcp_refused_connections",
+                "TCP connections accepted and closed at once because --max-connections were open",
+                load(&t.refused_connections),
+            )?;
+            counter(
+                &mut e,
+                "tcp_closed_idle",
+                "TCP connections closed because no record completed for the idle timeout",
+                load(&t.closed_idle),
+            )?;
+            counter(
+                &mut e,
+                "tcp_closed_unread",
+                "TCP connections closed because the client took none of their replies for the idle timeout",
+                load(&t.closed_unread),
+            )?;
+            counter(
+                &mut e,
+                "tcp_reader_pauses",
+                "Times a TCP connection's reader paused because its calls in flight held its budget",
+                load(&t.reader_pauses),
+            )?;
         }
 
         if let Some(r) = &self.rdma {
