@@ -750,3 +750,41 @@ fn a_dribbler_and_a_silent_client_are_closed_after_the_idle_timeout() {
     d.assert_idle(CASE);
     d.stop();
 }
+
+/// The flags' bad values are refused by name; the configuration file's
+/// keys set the same limits, and the start line shows them.
+#[test]
+fn limit_flags_and_config_keys() {
+    for (args, says) in [
+        (
+            &["--max-connections", "0"][..],
+            "--max-connections must be at least 1",
+        ),
+        (
+            &["--tcp-idle-timeout", "100000"][..],
+            "--tcp-idle-timeout must be between 0 and 86400 seconds",
+        ),
+    ] {
+        let out = common::nfsrdmad(args)
+            .arg("--no-rdma")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run nfsrdmad");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let cfg = std::env::temp_dir().join(format!("nfsrdmad-limits-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "max_connections = 5\ntcp_idle_timeout = 0\n").unwrap();
+    let d = Daemon::start(&["--config", cfg.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&cfg);
+    assert_eq!(d.limit("max_connections"), 5);
+    assert_eq!(d.limit("idle_timeout_secs"), 0);
+    let per = d.limit("memory_per_connection");
+    // Five connections at their most, and the buffers the 64 workers'
+    // calls may keep (twice the largest record and a read chunk each).
+    let executing = 64 * 2 * ((1088 << 10) + (64 << 10));
+    assert_eq!(d.limit("memory_total"), 5 * per + executing, "{}", d.log());
+    d.stop();
+}

@@ -85,9 +85,10 @@ struct Args {
     /// Largest RPC record accepted on TCP (K, M suffixes) [default: 1088K].
     #[arg(long, value_name = "SIZE")]
     max_record: Option<String>,
-    /// TCP connections served at once; further ones are accepted and
-    /// closed at once, counted and logged [default: the open-file limit
-    /// (soft RLIMIT_NOFILE) less 64].
+    /// Connections served at once, over TCP and over RDMA each: further TCP
+    /// connections are accepted and closed at once, further RDMA connect
+    /// requests rejected, counted and logged [default: over TCP the
+    /// open-file limit (soft RLIMIT_NOFILE) less 64; over RDMA 256].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
     /// Close a TCP connection on which no record completes for SECS while
@@ -382,6 +383,9 @@ fn start() -> Result<()> {
         max_io: service_config.max_io,
         ..RdmaConfig::default()
     };
+    if let Some(n) = args.max_connections.or(cfg.max_connections) {
+        rdma.max_connections = n;
+    }
     let rdma_explicit = args.rdma.or(cfg.rdma);
     if let Some(a) = rdma_explicit {
         rdma.addr = a;
