@@ -573,23 +573,27 @@ impl Connection {
         // (or the peer stops taking replies for the idle timeout). When the
         // daemon stops, a writer that makes no progress for a few seconds
         // is not waited for.
-        if matches!(end, End::Shutdown) {
-            loop {
-                let before = flow.progress.load(Ordering::Relaxed);
-                match tokio::time::timeout(SHUTDOWN_STALL, &mut writer).await {
-                    Ok(_) => break,
-                    Err(_) if flow.progress.load(Ordering::Relaxed) != before => {}
-                    Err(_) if flow.running.load(Ordering::Acquire) > 0 => {}
-                    Err(_) => {
-                        tracing::info!(peer = %self.peer, "stopping: replies unread, connection closed");
-                        writer.abort();
-                        let _ = writer.await;
-                        break;
-                    }
+        let mut stopping = matches!(end, End::Shutdown) || *shutdown.borrow();
+        let mut finished = false;
+        if !stopping {
+            tokio::select! {
+                _ = &mut writer => finished = true,
+                _ = shutdown.changed() => stopping = true,
+            }
+        }
+        while stopping && !finished {
+            let before = flow.progress.load(Ordering::Relaxed);
+            match tokio::time::timeout(SHUTDOWN_STALL, &mut writer).await {
+                Ok(_) => finished = true,
+                Err(_) if flow.progress.load(Ordering::Relaxed) != before => {}
+                Err(_) if flow.running.load(Ordering::Acquire) > 0 => {}
+                Err(_) => {
+                    tracing::info!(peer = %self.peer, "stopping: replies unread, connection closed");
+                    writer.abort();
+                    let _ = (&mut writer).await;
+                    finished = true;
                 }
             }
-        } else {
-            let _ = writer.await;
         }
         self.stats.open.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!(peer = %self.peer, "connection closed");
