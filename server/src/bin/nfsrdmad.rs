@@ -539,8 +539,8 @@ fn start() -> Result<()> {
 }
 
 /// The NFS listener, with room for 4096 connections waiting to be accepted
-/// (as the kernel nfsd asks for: a crowd of clients reconnecting at once
-/// is not turned away by the default of 128).
+/// (the kernel caps it at net.core.somaxconn): a crowd of clients
+/// connecting at once is not turned away as with the default of 128.
 fn listen_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     let sock = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
