@@ -403,7 +403,9 @@ impl Service {
             Ok(d) => d,
             Err(e) => return NfsResult::Err(e, AttrOnly::default()),
         };
-        let budget = a.count as usize;
+        // The reply stays within the largest transfer whatever the client
+        // asks (RFC 1813 lets a server return less than `count`).
+        let budget = a.count.min(self.config.max_io) as usize;
         let mut used = READDIR_BASE;
         let r = fs.readdir(dir, &t.cred, a.cookie, a.cookieverf, |e| {
             let n = 4 + 8 + 4 + nfsrdma_xdr::roundup(e.name.len()) + 8;
@@ -459,7 +461,7 @@ impl Service {
         };
         // maxcount bounds the whole reply; dircount bounds the directory
         // information alone (file ids, names, cookies).
-        let max = a.maxcount as usize;
+        let max = a.maxcount.min(self.config.max_io) as usize;
         let dirmax = a.dircount as usize;
         let mut used = READDIR_BASE;
         let mut dirused = 0usize;

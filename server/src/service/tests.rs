@@ -26,10 +26,14 @@ fn sys(uid: u32, gid: u32) -> OpaqueAuth {
 }
 
 fn setup(exports_text: &str) -> T {
+    setup_with(exports_text, ServiceConfig::default())
+}
+
+fn setup_with(exports_text: &str, config: ServiceConfig) -> T {
     let rules = Exports::parse(exports_text).unwrap();
     let exports = Service::exports_from_rules(&rules, &StoreConfig::default());
     T {
-        svc: Service::new(exports, ServiceConfig::default()),
+        svc: Service::new(exports, config),
         xid: std::cell::Cell::new(1),
         peer: "127.0.0.1:700".parse().unwrap(),
         cred: sys(0, 0),
@@ -667,4 +671,70 @@ fn mount_protocol_lists() {
     let sub = t.mkdir(&root, "sub");
     assert_eq!(t.mount("/e/sub"), sub);
     assert_eq!(t.mount_err("/e/nope"), mnt::MountStat3::Noent);
+}
+
+#[test]
+fn directory_listings_stay_within_the_largest_transfer() {
+    // A client may ask for any count: the reply stays within max_io (the
+    // TCP front end charges a READDIR call that much before it runs).
+    let t = setup_with(
+        "/export *(rw,no_root_squash,insecure)\n",
+        ServiceConfig {
+            max_io: 4096,
+            ..ServiceConfig::default()
+        },
+    );
+    let root = t.mount("/export");
+    for i in 0..200 {
+        t.create(
+            &root,
+            &format!("a-rather-long-file-name-to-fill-the-listing-{i:04}"),
+        );
+    }
+    let encoded = |args: Nfs3Args, proc_: u32| {
+        let mut a = BytesMut::new();
+        args.encode(&mut a);
+        t.raw(t.next_xid(), 100003, 3, proc_, &a).expect("a reply")
+    };
+    let readdir = encoded(
+        Nfs3Args::Readdir(Readdir3Args {
+            dir: root.clone(),
+            cookie: 0,
+            cookieverf: [0; 8],
+            count: 1 << 30,
+        }),
+        16,
+    );
+    let plus = encoded(
+        Nfs3Args::Readdirplus(Readdirplus3Args {
+            dir: root.clone(),
+            cookie: 0,
+            cookieverf: [0; 8],
+            dircount: 1 << 30,
+            maxcount: 1 << 30,
+        }),
+        17,
+    );
+    // The RPC reply header (24 bytes with AUTH_NONE) comes on top.
+    for (name, r) in [("READDIR", &readdir), ("READDIRPLUS", &plus)] {
+        assert!(r.len() <= 4096 + 24, "{name} reply of {} bytes", r.len());
+        assert!(
+            r.len() > 2048,
+            "{name} reply of {} bytes: a listing was cut short",
+            r.len()
+        );
+    }
+    // Not the whole directory: 200 names of 48 bytes do not fit in 4 KiB.
+    match t.nfs(Nfs3Args::Readdir(Readdir3Args {
+        dir: root.clone(),
+        cookie: 0,
+        cookieverf: [0; 8],
+        count: 1 << 30,
+    })) {
+        Nfs3Res::Readdir(NfsResult::Ok(r)) => {
+            assert!(!r.reply.eof);
+            assert!(r.reply.entries.0.len() < 200);
+        }
+        r => panic!("{r:?}"),
+    }
 }
