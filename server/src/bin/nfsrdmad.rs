@@ -88,7 +88,9 @@ struct Args {
     /// Connections served at once, over TCP and over RDMA each: further TCP
     /// connections are accepted and closed at once, further RDMA connect
     /// requests rejected, counted and logged [default: over TCP the
-    /// open-file limit (soft RLIMIT_NOFILE) less 64; over RDMA 256].
+    /// open-file limit (soft RLIMIT_NOFILE) less 64; over RDMA as many as
+    /// half the machine's memory can register, at the memory per
+    /// connection logged at start].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
     /// Close a TCP connection on which no record completes for SECS while
@@ -414,6 +416,13 @@ fn start() -> Result<()> {
     } else {
         rdma.signal_every = RdmaConfig::default_signal_every(rdma.poll);
     }
+    if args.max_connections.or(cfg.max_connections).is_none() {
+        // As many connections as half the machine's memory can register
+        // (the settings above decide how much each takes).
+        if let Some(total) = memory_total() {
+            rdma.max_connections = rdma.max_connections_for_memory(total);
+        }
+    }
     // The RDMA device comes first: the stores take their blocks from its
     // registered arena.
     let mut device = None;
@@ -585,12 +594,14 @@ async fn run(
     if let Some((cfg, device)) = rdma {
         let addr = cfg.addr;
         let per_conn = cfg.memory_per_connection();
-        let (poll, signal_every) = (cfg.poll, cfg.signal_every);
+        let (poll, signal_every, max_connections) =
+            (cfg.poll, cfg.signal_every, cfg.max_connections);
         let l = RdmaListener::start(service.clone(), cfg, device)
             .with_context(|| format!("RDMA listener on {addr}"))?;
         tracing::info!(
             addr = %addr,
             memory_per_connection = per_conn,
+            max_connections,
             poll = %poll,
             signal_every,
             "serving NFS over RPC-over-RDMA"
@@ -745,4 +756,12 @@ async fn run(
         eprint!("{}", s.report());
     }
     Ok(())
+}
+
+/// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`).
+fn memory_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
