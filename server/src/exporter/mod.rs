@@ -397,6 +397,16 @@ impl Collector for Sources {
                     &r.errors,
                 ),
                 (
+                    "rdma_refused_connections",
+                    "Connect requests rejected over the connection cap",
+                    &r.refused_connections,
+                ),
+                (
+                    "rdma_peer_not_receiving",
+                    "Connections closed when a Send found no receive at the peer through its RNR retries",
+                    &r.peer_not_receiving,
+                ),
+                (
                     "rdma_polled_calls",
                     "Calls found by a connection thread that was polling",
                     &r.polled_calls,

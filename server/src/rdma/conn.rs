@@ -180,6 +180,16 @@ impl Conn {
                 if let Some(b) = wr.recv_buffer() {
                     self.v.ring.cancel(b as usize);
                 }
+                if e == CompletionError::RnrRetryExceeded {
+                    self.stats
+                        .peer_not_receiving
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        peer = %self.ctx.peer,
+                        "RDMA connection closed: the peer posted no receive for a Send of ours \
+                         through its receiver-not-ready retries"
+                    );
+                }
                 self.core
                     .failed(wr, matches!(e, CompletionError::Flushed), &e.to_string());
             }

@@ -207,6 +207,31 @@ fn cm_loop(
 /// Scatter/gather entries per RDMA Write, at most.
 const MAX_SEND_SGE: u32 = 16;
 
+/// Receiver-not-ready retries, both ways: how many times a Send that
+/// finds no receive posted at the other end is sent again before it fails
+/// and the connection with it.
+///
+/// RFC 8166 leaves no room for an RNR NAK on a well-behaved connection: a
+/// requester posts the receive for a reply before it sends the call
+/// (§3.3.1), and a responder posts receives before it grants the credits
+/// that let the requester send into them. So a NAK means a peer broke the
+/// rules, and waiting for ever on it is what must not happen:
+/// - our Sends (replies, RDMA_ERROR) are retried at most this many times,
+///   whatever the requester asked for in its connect request (7 there
+///   would mean "for ever", and a requester that posts no receives would
+///   then stall the connection until it disconnects). The requester's RNR
+///   timer spaces the tries, 655 ms at the most, so a Send fails within
+///   (1 + RNR_RETRY) x 655 ms = 2.6 s; the connection then closes and
+///   counts in `peer_not_receiving`;
+/// - the requester's Sends get the same count in our accept: a requester
+///   beyond its credits finds every receive held by its own calls, and its
+///   Send fails on its side once the calls before it are not answered in
+///   time. A requester that keeps within its credits never sees a NAK.
+///
+/// The Linux client asks for 0 retries of our Sends, which is kept (the
+/// smaller count wins).
+pub const RNR_RETRY: u8 = 3;
+
 /// Chooses both sides' parameters, sets the connection up (its receives
 /// posted before the first credit is granted) and accepts.
 fn accept(
@@ -280,6 +305,7 @@ fn accept(
             .responder_resources
             .min(attrs.max_qp_rd_atom.min(255) as u8),
         initiator_depth: read_depth,
+        rnr_retry_count: RNR_RETRY,
         ..ConnParam::default()
     };
     let id = Arc::new(req.id);
@@ -304,11 +330,12 @@ fn accept(
     // Receives go up before the first credit is granted.
     conn.drive()
         .map_err(|e| VerbsError::InvalidArgument(format!("posting receives: {e}")))?;
-    id.accept(&accept_param)?;
+    let rnr_retry = id.accept_bounding_rnr(&accept_param, RNR_RETRY)?;
     stats.connections.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         peer = %peer,
         credits,
+        rnr_retry,
         inline_send = agreed.inline_send,
         remote_invalidation = agreed.peer_accepts_remote_invalidation,
         read_depth,

@@ -47,6 +47,11 @@ pub struct RdmaStats {
     pub errors: AtomicU64,
     /// Connect requests rejected because `max_connections` were open.
     pub refused_connections: AtomicU64,
+    /// Connections closed because a Send of ours found no receive posted
+    /// at the peer through all its receiver-not-ready retries
+    /// ([`super::listener::RNR_RETRY`]): a requester that posts no
+    /// receives for its replies.
+    pub peer_not_receiving: AtomicU64,
     /// Connections dropped by [`RdmaListener::disconnect_all`].
     pub forced_disconnects: AtomicU64,
     /// Calls found by a connection thread that was polling (busy, or
@@ -105,6 +110,7 @@ impl RdmaStats {
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
              discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, connections refused over the cap {}, \
+             closed for want of a receive at the peer (RNR) {}, \
              calls found polling {} / after a wake-up {}, receives held at most {}, \
              gaps before calls found polling in us: {}\n",
             g(&self.connections),
@@ -126,6 +132,7 @@ impl RdmaStats {
             g(&self.payload_copies),
             g(&self.errors),
             g(&self.refused_connections),
+            g(&self.peer_not_receiving),
             g(&self.polled_calls),
             g(&self.woken_calls),
             g(&self.receives_held_peak),

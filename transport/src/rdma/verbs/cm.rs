@@ -42,6 +42,11 @@ const RDMA_OPTION_ID: i32 = 0;
 const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
 /// Largest local ACK timeout exponent (the QP attribute's 5 bits).
 pub const MAX_ACK_TIMEOUT: u8 = 31;
+/// `IBV_LINK_LAYER_INFINIBAND` (verbs.h).
+const IBV_LINK_LAYER_INFINIBAND: u8 = 1;
+/// The RTR attribute-mask bits the connection manager sets for RoCE
+/// (21..=23), which an InfiniBand port refuses.
+const ROCE_ONLY_ATTR_BITS: libc::c_int = 0x00e0_0000;
 
 /// Connection manager event types (`rdma_cm_event_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -753,6 +758,128 @@ impl CmId {
         // SAFETY: live id; `raw` valid for the call.
         let rc = unsafe { rdma_accept(self.ptr(), &mut raw) };
         check_rc(rc, "rdma_accept")
+    }
+
+    /// Accepts a connect request like [`Self::accept`], except that this
+    /// side's Sends are retried at most `send_rnr_retry` times (0..=6)
+    /// after a receiver-not-ready NAK, whatever the peer asked for in its
+    /// request (where it asked for fewer, its count is kept). With
+    /// [`Self::accept`] the queue pair takes the count from the request,
+    /// and 7 there means "retry for ever": a peer that posts no receives
+    /// would then stall this side's Sends until it disconnects. The count
+    /// can only be set on the way to RTS, so the queue pair is moved
+    /// through INIT, RTR and RTS here, with the attributes the connection
+    /// manager gives for each state, as `rdma_accept` would do it.
+    ///
+    /// `param.responder_resources` and `param.initiator_depth` must be
+    /// explicit (not 255). Returns the RNR retry count the queue pair
+    /// runs with.
+    pub fn accept_bounding_rnr(&self, param: &ConnParam, send_rnr_retry: u8) -> Result<u8> {
+        if send_rnr_retry > 6 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "RNR retry count {send_rnr_retry} is not finite (0..=6)"
+            )));
+        }
+        if param.responder_resources == u8::MAX || param.initiator_depth == u8::MAX {
+            return Err(VerbsError::InvalidArgument(
+                "responder resources and initiator depth must be explicit".into(),
+            ));
+        }
+        let mut raw = param.to_raw(MAX_ACCEPT_PRIVATE_DATA)?;
+        let id = self.ptr();
+        // SAFETY: live id; `qp` is set by `create_qp` and owned by the
+        // QueuePair, which keeps this id alive.
+        let qp = unsafe { (*id).qp };
+        if qp.is_null() {
+            return Err(VerbsError::InvalidArgument(
+                "create the queue pair before accepting".into(),
+            ));
+        }
+        // SAFETY: live id, whose `verbs` is its device once a connect
+        // request created it.
+        let infiniband = unsafe {
+            // The exported symbol fills a whole `ibv_port_attr` through
+            // its compatibility pointer type.
+            let mut port: rdma_sys::ibv_port_attr = std::mem::zeroed();
+            rdma_sys::ibv_query_port(
+                (*id).verbs,
+                (*id).port_num,
+                (&mut port as *mut rdma_sys::ibv_port_attr).cast(),
+            ) == 0
+                && port.link_layer == IBV_LINK_LAYER_INFINIBAND
+        };
+        let mut rnr_retry = send_rnr_retry;
+        let states = [
+            rdma_sys::ibv_qp_state::IBV_QPS_INIT,
+            rdma_sys::ibv_qp_state::IBV_QPS_RTR,
+            rdma_sys::ibv_qp_state::IBV_QPS_RTS,
+        ];
+        for state in states {
+            // SAFETY: plain old data; zero is valid.
+            let mut attr: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+            attr.qp_state = state;
+            let mut mask: libc::c_int = 0;
+            // SAFETY: live id; both out-pointers valid for the call.
+            let rc = unsafe { rdma_sys::rdma_init_qp_attr(id, &mut attr, &mut mask) };
+            check_rc(rc, "rdma_init_qp_attr")?;
+            match state {
+                rdma_sys::ibv_qp_state::IBV_QPS_RTR => {
+                    // The connection manager's RoCE-only bits are refused
+                    // on an InfiniBand port (librdmacm masks them the same
+                    // way).
+                    if infiniband {
+                        mask &= !ROCE_ONLY_ATTR_BITS;
+                    }
+                    attr.max_dest_rd_atomic = param.responder_resources;
+                }
+                rdma_sys::ibv_qp_state::IBV_QPS_RTS => {
+                    attr.max_rd_atomic = param.initiator_depth;
+                    rnr_retry = attr.rnr_retry.min(send_rnr_retry);
+                    attr.rnr_retry = rnr_retry;
+                    mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY.0 as libc::c_int;
+                }
+                _ => {}
+            }
+            // SAFETY: `qp` is live (see above); `attr` valid for the call.
+            let rc = unsafe { rdma_sys::ibv_modify_qp(qp, &mut attr, mask) };
+            if rc != 0 {
+                return Err(VerbsError::errno("ibv_modify_qp", rc));
+            }
+        }
+        // rdma_accept moves the id's own QP through RTR and RTS again,
+        // which would undo the count: it is handed the QP by number with
+        // the id's pointer cleared for the call (librdmacm's documented
+        // path for a QP the caller transitions itself).
+        // SAFETY: plain field reads of the live QP.
+        raw.qp_num = unsafe { (*qp).qp_num };
+        raw.srq = u8::from(unsafe { !(*qp).srq.is_null() });
+        // SAFETY: live id; nothing else uses it during the call (the
+        // connection is not yet handed to any thread), and the pointer is
+        // put back before anything can read it. `raw` is valid for the
+        // call.
+        let rc = unsafe {
+            (*id).qp = std::ptr::null_mut();
+            let rc = rdma_accept(id, &mut raw);
+            (*id).qp = qp;
+            rc
+        };
+        if rc != 0 {
+            let err = VerbsError::last_os("rdma_accept");
+            // As rdma_accept does for its own QP: receives posted so far
+            // are flushed.
+            // SAFETY: plain old data; `qp` live.
+            unsafe {
+                let mut attr: rdma_sys::ibv_qp_attr = std::mem::zeroed();
+                attr.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_ERR;
+                rdma_sys::ibv_modify_qp(
+                    qp,
+                    &mut attr,
+                    rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as libc::c_int,
+                );
+            }
+            return Err(err);
+        }
+        Ok(rnr_retry)
     }
 
     /// Rejects a connect request with optional private data.
