@@ -468,11 +468,23 @@ impl Peer {
 
     /// Posts one Send of `bytes`.
     fn send(&mut self, bytes: &[u8]) {
+        assert!(
+            self.try_send(bytes),
+            "connection dropped: {:?}",
+            self.failed
+        );
+    }
+
+    /// Posts one Send of `bytes` once a send slot is free; false when the
+    /// connection dropped first.
+    fn try_send(&mut self, bytes: &[u8]) -> bool {
         assert!(bytes.len() <= SEND_SIZE);
         let deadline = Instant::now() + T;
         while self.sends_out >= SEND_SLOTS {
             self.poll();
-            assert!(!self.dropped(), "connection dropped: {:?}", self.failed);
+            if self.dropped() {
+                return false;
+            }
             assert!(Instant::now() < deadline, "sends never completed");
         }
         // Sends complete in order: the oldest slot is free.
@@ -489,6 +501,7 @@ impl Peer {
             )
             .expect("post send");
         self.sends_out += 1;
+        true
     }
 
     /// The next message, or the connection dropping, waiting up to `wait`.
@@ -1287,6 +1300,106 @@ fn case_requester_that_posts_no_receives(srv: &Server, good: &mut Peer) -> Count
     }
 }
 
+/// 24: NULL calls sent for 10 s (10,000 at most) as fast as the
+/// requester's send queue takes them, never waiting for a reply or a
+/// credit (the replies are taken as they come and their receives posted
+/// again). The server holds at most its credits' worth of calls whatever
+/// arrives; a Send beyond them meets receiver-not-ready NAKs, and the
+/// requester waits out the server's RNR timer (655 ms, the connection
+/// manager's default) before each retry: that is what paces it, not
+/// anything queued at the server. Such a Send gets in on a retry once a
+/// receive is posted again, or, when the requester's retries
+/// (`RNR_RETRY`) run out, fails on its side, and it then disconnects.
+/// Either way every reply is for a call that was sent, each once, and the
+/// good client is answered meanwhile.
+fn case_calls_beyond_the_credits(srv: &Server, good: &mut Peer) -> Counts {
+    const N: usize = 10_000;
+    const FOR: Duration = Duration::from_secs(10);
+    let before = srv.counts();
+    let open_before = srv.open();
+    let mut p = Peer::connect(srv);
+    let start = Instant::now();
+    let mut xids = HashSet::new();
+    let mut answered = 0usize;
+    let mut sent = 0usize;
+    let take = |p: &mut Peer, xids: &mut HashSet<u32>, answered: &mut usize| {
+        while let Some(m) = p.inbox.pop_front() {
+            let (h, _) = parse(m);
+            assert!(
+                xids.remove(&h.xid),
+                "reply to an unknown or repeated xid {h:?}"
+            );
+            *answered += 1;
+        }
+    };
+    let mut next_good = Instant::now() + Duration::from_secs(2);
+    while sent < N && start.elapsed() < FOR {
+        let xid = p.xid();
+        xids.insert(xid);
+        if !p.try_send(&rdma_msg(xid, no_chunks(), &null_call(xid))) {
+            xids.remove(&xid);
+            break;
+        }
+        sent += 1;
+        take(&mut p, &mut xids, &mut answered);
+        if Instant::now() >= next_good {
+            check_good(good, srv);
+            next_good = Instant::now() + Duration::from_secs(2);
+        }
+    }
+    let sending = start.elapsed();
+    // What is still on its way.
+    while !p.dropped() && answered < sent {
+        match p.next_within(T) {
+            Next::Msg(m) => p.inbox.push_front(m),
+            Next::Dropped => break,
+            Next::Nothing => panic!("{} of {sent} calls never answered", sent - answered),
+        }
+        take(&mut p, &mut xids, &mut answered);
+    }
+    let dropped = p.dropped();
+    let peak = srv.stats.receives_held_peak.load(Ordering::Relaxed);
+    println!(
+        "calls_beyond_the_credits: {sent} sent in {sending:?}, {answered} answered, \
+         connection {}; receives held at most {peak}; {}",
+        if dropped { "dropped" } else { "up" },
+        summary(&p.failed)
+    );
+    assert!(
+        peak <= u64::from(CREDITS),
+        "the server held {peak} messages on one connection, credits {CREDITS}"
+    );
+    if dropped {
+        // Only the requester's own Sends may have failed: its receiver-not-
+        // ready retries ran out.
+        assert!(
+            p.failed.iter().all(|wc| wc.wr_id & WR_SEND != 0
+                || matches!(
+                    wc.status,
+                    Err(nfsrdma_transport::rdma::verbs::CompletionError::Flushed)
+                )),
+            "{}",
+            summary(&p.failed)
+        );
+        let _ = p.id.disconnect();
+    } else {
+        assert!(sent > 0);
+        p.null();
+    }
+    drop(p);
+    // The server's side of a connection the requester dropped ends as a
+    // close or as an error, depending on what its thread saw first.
+    if dropped {
+        assert!(
+            wait_until(|| srv.open() == open_before),
+            "open {} (was {open_before})",
+            srv.open()
+        );
+    }
+    let errors = srv.counts().errors - before.errors;
+    Counts { errors, ..ONE_CONN }
+}
+
 const CASES: &[(&str, Case)] = &[
     ("wrong_rdma_vers", case_wrong_rdma_vers),
     ("unknown_proc", case_unknown_proc),
@@ -1335,6 +1448,7 @@ const CASES: &[(&str, Case)] = &[
         "requester_that_posts_no_receives",
         case_requester_that_posts_no_receives,
     ),
+    ("calls_beyond_the_credits", case_calls_beyond_the_credits),
 ];
 
 /// Runs one case with the well-behaved client checked before, during (by
@@ -1421,6 +1535,7 @@ case_tests!(
     disconnect_during_rdma_read,
     read_chunk_of_more_segments_than_the_read_depth,
     requester_that_posts_no_receives,
+    calls_beyond_the_credits,
 );
 
 fn every_case_against_one_server() {
@@ -1431,15 +1546,16 @@ fn every_case_against_one_server() {
         total = total + run_case(&srv, &mut good, name, *case);
     }
     assert_eq!(srv.counts(), total, "{}", srv.stats.report());
-    // The fixed cases: 23 rogue connections, ERR_VERS once, ERR_CHUNK
+    // The fixed cases: 24 rogue connections, ERR_VERS once, ERR_CHUNK
     // eleven times, six silent discards (plus any case 12 chose), five
     // connections ended by errors (plus one if case 12 was dropped, and
-    // one if case 21's disconnect counted as one).
+    // one if case 21's disconnect counted as one, and one if case 24's
+    // requester ran out of retries).
     assert_eq!(total.connections, 1 + CASES.len() as u64);
     assert_eq!(total.err_vers, 1);
     assert_eq!(total.err_chunk, 11);
     assert!(total.discarded >= 6);
-    assert!((5..=7).contains(&total.errors));
+    assert!((5..=8).contains(&total.errors));
     // The server never registered memory a peer could reach.
     assert!(
         srv.device.arena_bytes() > 0,
