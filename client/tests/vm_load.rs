@@ -184,7 +184,10 @@ fn vm_load_64_rdma_connections_at_depth_32() {
                 &format!("{ip}:{RDMA_PORT}"),
                 "--no-rpcbind",
             ])
-            .env("RUST_LOG", "warn")
+            // Warnings, and why each RDMA connection ended (at info) if
+            // one does: the reason a connection reconnects is in one of
+            // the two logs.
+            .env("RUST_LOG", "warn,nfsrdma_server::rdma=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

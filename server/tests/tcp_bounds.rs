@@ -47,7 +47,6 @@ impl Daemon {
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(err).lines() {
                 let Ok(line) = line else { break };
-                let line = strip_ansi(&line);
                 let mut s = sink.lock().unwrap();
                 s.push_str(&line);
                 s.push('\n');
@@ -61,7 +60,13 @@ impl Daemon {
         };
         // The limits line comes before the listening line on stdout, but
         // through another pipe: wait for it.
-        d.wait_for_log("memory_per_connection=", 1);
+        let log = d.wait_for_log("memory_per_connection=", 1);
+        // A log that goes to a pipe or a file, not a terminal, has no
+        // colour sequences in it.
+        assert!(
+            !log.contains('\x1b'),
+            "colour sequences in the log: {log:?}"
+        );
         d
     }
 
@@ -169,24 +174,6 @@ impl Drop for Daemon {
             let _ = c.wait();
         }
     }
-}
-
-/// `line` without terminal colour sequences (ESC [ ... m).
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut it = line.chars();
-    while let Some(c) = it.next() {
-        if c == '\x1b' {
-            for c in it.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn signal(pid: u32, sig: &str) {

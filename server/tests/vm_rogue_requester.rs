@@ -1642,7 +1642,8 @@ struct Idle {
 /// `--max-connections` is not given (half of `MemTotal` over
 /// `memory_per_connection`): the connections beyond it are rejected and
 /// counted, the server's memory grows by no more than the cap's worth of
-/// connection buffers, a well-behaved client is answered throughout, and
+/// connection buffers, a well-behaved client is answered throughout, the
+/// held connections' threads wake about once a second each, and
 /// once the peers leave every connection is released and the process goes
 /// back to idle.
 #[test]
@@ -1736,13 +1737,18 @@ fn a_thousand_connects_that_never_send() {
     // spare for the allocator.
     let budget = cap as u64 * per_conn;
     let cpu_held = cpu_time();
+    let wakeups_held = srv.stats.idle_wakeups.load(Ordering::Relaxed);
+    let held_for = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
+    let wakeups = srv.stats.idle_wakeups.load(Ordering::Relaxed) - wakeups_held;
+    let held_for = held_for.elapsed();
     let cpu_while_held = cpu_time() - cpu_held;
     println!(
         "a_thousand_connects_that_never_send: MemTotal {} MiB, cap {cap} \
          ({} KiB per connection), {} held, {rejected} rejected in {connect_time:?}; \
          RSS {} -> {} MiB (+{} MiB; the cap's buffers: {} MiB); \
-         CPU over 3 s with them held: {cpu_while_held:?}; good client's NULL + GETATTR: {good_took:?}",
+         CPU over 3 s with them held: {cpu_while_held:?}, idle wake-ups {wakeups}; \
+         good client's NULL + GETATTR: {good_took:?}",
         mem_total >> 20,
         per_conn >> 10,
         held.len(),
@@ -1754,6 +1760,15 @@ fn a_thousand_connects_that_never_send() {
     assert!(
         grew <= budget + budget / 4 + (64 << 20),
         "RSS grew by {grew} B with {cap} connections of {per_conn} B each"
+    );
+    // An idle connection's thread sleeps until a completion comes, waking
+    // to no purpose about once a second (`conn::IDLE_WAIT`): a connection that
+    // sends nothing costs next to no CPU while it is held.
+    let per_conn_limit = held_for.as_secs_f64().ceil() as u64 + 1;
+    assert!(
+        wakeups <= cap as u64 * per_conn_limit,
+        "{wakeups} idle wake-ups in {held_for:?} from {cap} connections: more than \
+         {per_conn_limit} each"
     );
     for p in &held {
         p.id.disconnect().expect("disconnect");

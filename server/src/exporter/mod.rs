@@ -416,6 +416,11 @@ impl Collector for Sources {
                     "Calls found by a connection thread woken from the completion channel",
                     &r.woken_calls,
                 ),
+                (
+                    "rdma_idle_wakeups",
+                    "Sleeps of a connection thread that ended by their time limit with nothing to do",
+                    &r.idle_wakeups,
+                ),
             ] {
                 counter(&mut e, name, help, load(a))?;
             }

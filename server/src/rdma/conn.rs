@@ -11,7 +11,7 @@ use crate::service::{CallContext, Service};
 use nfsrdma_rpcrdma::conn::{
     CallId, ConnError as CoreError, Connection, Event, SendOp, Stats, Work, WrId, WrKind,
 };
-use nfsrdma_transport::rdma::engine::Poller;
+use nfsrdma_transport::rdma::engine::{Poller, WAIT_SLICE};
 use nfsrdma_transport::rdma::verbs::{
     Arena, CompletionChannel, CompletionError, CompletionQueue, MemoryRegion, QueuePair, RecvRing,
     RemoteBuf, SendFlags, SendOp as VerbsOp, SendWr, Sge, VerbsError, WorkCompletion,
@@ -19,7 +19,16 @@ use nfsrdma_transport::rdma::verbs::{
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The longest sleep of a connection thread while every receive is
+/// posted. Only a completion has work for the thread then: a stop comes
+/// with the disconnect, which flushes the posted receives and so wakes it.
+/// The limit only bounds how long a wake-up that never comes could delay
+/// that stop; each idle connection pays one wake-up per `IDLE_WAIT`
+/// ([`RdmaStats::idle_wakeups`]). While a receive waits for its buffer
+/// (deferred), the thread looks again every [`WAIT_SLICE`].
+pub const IDLE_WAIT: Duration = Duration::from_secs(1);
 
 /// A connection's verbs objects and registered memory.
 pub struct Verbs {
@@ -119,13 +128,26 @@ impl Conn {
     /// connection ends.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), ConnError> {
         let mut wcs = Vec::with_capacity(64);
+        let mut timeouts = self.poller.stats().wait_timeouts;
         loop {
             if stop.load(Ordering::Acquire) {
                 self.core.close_now();
                 return Ok(());
             }
+            self.poller.set_wait_slice(if self.deferred.is_empty() {
+                IDLE_WAIT
+            } else {
+                WAIT_SLICE
+            });
             wcs.clear();
             if self.poller.wait(&mut wcs)? == 0 {
+                let now = self.poller.stats().wait_timeouts;
+                if now != timeouts {
+                    self.stats
+                        .idle_wakeups
+                        .fetch_add(now - timeouts, Ordering::Relaxed);
+                    timeouts = now;
+                }
                 self.post_deferred()?;
                 continue;
             }

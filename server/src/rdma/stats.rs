@@ -60,6 +60,10 @@ pub struct RdmaStats {
     /// Calls found by a connection thread that had gone to sleep on the
     /// completion channel (each a wake-up on the call's path).
     pub woken_calls: AtomicU64,
+    /// Sleeps of a connection thread on its completion channel that ended
+    /// by their time limit with nothing to do: an idle connection's cost
+    /// (see [`super::conn::IDLE_WAIT`]).
+    pub idle_wakeups: AtomicU64,
     /// The most receive buffers one connection's messages held at once:
     /// never more than the credits granted, whatever a peer sends.
     pub receives_held_peak: AtomicU64,
@@ -111,7 +115,7 @@ impl RdmaStats {
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
              discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, connections refused over the cap {}, \
              closed for want of a receive at the peer (RNR) {}, \
-             calls found polling {} / after a wake-up {}, receives held at most {}, \
+             calls found polling {} / after a wake-up {}, idle wake-ups {}, receives held at most {}, \
              gaps before calls found polling in us: {}\n",
             g(&self.connections),
             g(&self.open),
@@ -135,6 +139,7 @@ impl RdmaStats {
             g(&self.peer_not_receiving),
             g(&self.polled_calls),
             g(&self.woken_calls),
+            g(&self.idle_wakeups),
             g(&self.receives_held_peak),
             self.gaps_report(),
         )

@@ -325,6 +325,11 @@ impl Poller {
         self
     }
 
+    /// Changes the longest sleep from the next wait on.
+    pub fn set_wait_slice(&mut self, slice: Duration) {
+        self.wait_slice = slice;
+    }
+
     /// The mode.
     pub fn mode(&self) -> PollMode {
         self.mode
