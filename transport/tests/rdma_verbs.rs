@@ -18,8 +18,8 @@ use nfsrdma_transport::rdma::engine::{EngineStats, PollMode, Poller};
 use nfsrdma_transport::rdma::verbs::{
     next_rkey, Access, Arena, CmEventKind, CmId, CompletionChannel, CompletionError,
     CompletionQueue, ConnParam, EventChannel, MemoryRegion, MemoryWindow, MwAccess, PendingRead,
-    ProtectionDomain, QpCaps, QueuePair, RecvRing, RemoteBuf, SendFlags, SendOp, VerbsError,
-    WcOpcode, WorkCompletion,
+    ProtectionDomain, QpCaps, QueuePair, RecvRing, RemoteBuf, SendFlags, SendOp,
+    SharedReceiveQueue, VerbsError, WcOpcode, WorkCompletion,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -1177,4 +1177,133 @@ fn dropping_a_region_with_a_posted_receive_fails_safely() {
     );
     assert_eq!(wc.wr_id, 9);
     assert!(wc.status.is_err(), "{wc:?}");
+}
+
+/// Two connections whose server queue pairs take their receives from one
+/// shared receive queue: each message lands in one of the shared buffers
+/// whichever connection it came on, its completion names the queue pair
+/// it arrived on, a queue pair on the shared queue refuses receives of its
+/// own, and a shared queue on another protection domain is refused.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn two_queue_pairs_take_their_receives_from_one_shared_queue() {
+    let ip = rdma_ip();
+    let lch = EventChannel::new().expect("event channel");
+    let listener = CmId::new(&lch).expect("listener id");
+    listener
+        .bind_addr(SocketAddr::new(ip, 0))
+        .expect("bind listener");
+    listener.listen(8).expect("listen");
+    let port = listener.local_port();
+    let mut server: Option<(
+        Arc<ProtectionDomain>,
+        Arc<CompletionQueue>,
+        Arc<SharedReceiveQueue>,
+    )> = None;
+    // Two clients, each with a queue pair of its own; the server's two
+    // queue pairs share one PD, one CQ and the shared receive queue.
+    let mut clients = Vec::new();
+    let mut server_qps = Vec::new();
+    for _ in 0..2 {
+        let cch = EventChannel::new().expect("client channel");
+        let cid = CmId::new(&cch).expect("client id");
+        cid.resolve(SocketAddr::new(ip, port), T).expect("resolve");
+        let cctx = cid.context().expect("client context");
+        let cpd = ProtectionDomain::new(&cctx).expect("client pd");
+        let ccq = CompletionQueue::new(&cctx, 64, None).expect("client cq");
+        let cqp = cid.create_qp(&cpd, &ccq, &ccq, caps()).expect("client qp");
+        cid.connect(&ConnParam::default()).expect("connect");
+        let req = lch
+            .expect(CmEventKind::ConnectRequest, Some(T))
+            .expect("connect request")
+            .into_request()
+            .expect("request carries an id");
+        let (spd, scq, srq) = server.get_or_insert_with(|| {
+            let ctx = req.id.context().expect("server context");
+            let attrs = ctx.query().expect("device attributes");
+            assert!(
+                attrs.max_srq > 0 && attrs.max_srq_wr >= 4,
+                "the device has no shared receive queues: {attrs:?}"
+            );
+            let pd = ProtectionDomain::new(&ctx).expect("server pd");
+            let cq = CompletionQueue::new(&ctx, 64, None).expect("server cq");
+            let srq = SharedReceiveQueue::new(&pd, 4, 1).expect("shared receive queue");
+            assert!(srq.max_wr() >= 4 && srq.max_sge() >= 1, "{srq:?}");
+            // Another PD's shared queue is refused before the device sees it.
+            let other = ProtectionDomain::new(&ctx).expect("second pd");
+            let foreign = SharedReceiveQueue::new(&other, 1, 1).expect("second queue");
+            assert!(matches!(
+                req.id.create_qp_on_srq(&pd, &cq, &cq, caps(), &foreign),
+                Err(VerbsError::InvalidArgument(_))
+            ));
+            (pd, cq, srq)
+        });
+        let sqp = req
+            .id
+            .create_qp_on_srq(spd, scq, scq, caps(), srq)
+            .expect("server qp on the shared queue");
+        assert!(Arc::ptr_eq(sqp.srq().expect("the qp's shared queue"), srq));
+        let own = MemoryRegion::new(spd, 64, Access::LOCAL).unwrap();
+        assert!(
+            matches!(
+                sqp.post_recv_one(1, &[own.sge(0, 64).unwrap()]),
+                Err(VerbsError::InvalidArgument(_))
+            ),
+            "a queue pair on a shared queue took a receive of its own"
+        );
+        req.id.accept(&ConnParam::default()).expect("accept");
+        cch.expect(CmEventKind::Established, Some(T))
+            .expect("client established");
+        lch.expect(CmEventKind::Established, Some(T))
+            .expect("server established");
+        clients.push((cch, cid, cpd, ccq, cqp));
+        server_qps.push((req.id, sqp));
+    }
+    let (spd, scq, srq) = server.expect("server side");
+    let ring = RecvRing::new(&spd, 4, 256).expect("ring");
+    for i in 0..4 {
+        assert!(ring.post(&srq, i, 100 + i as u64).expect("post on the srq"));
+    }
+    // Two messages from each client, interleaved.
+    for k in 0..4u8 {
+        let (_, _, cpd, ccq, cqp) = &clients[usize::from(k % 2)];
+        let buf = MemoryRegion::new(cpd, 256, Access::LOCAL).unwrap();
+        buf.write_at(0, &pattern(k, 200)).unwrap();
+        cqp.post_send_one(
+            u64::from(k),
+            SendOp::Send {
+                sges: &[buf.sge(0, 200).unwrap()],
+            },
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+        expect_ok(wait_wc(ccq), u64::from(k), WcOpcode::Send);
+    }
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let wc = wait_wc(&scq);
+        assert!(wc.status.is_ok(), "{wc:?}");
+        assert_eq!(wc.opcode, WcOpcode::Recv);
+        assert_eq!(wc.byte_len, 200);
+        let i = (wc.wr_id - 100) as usize;
+        let msg = ring.take(i, 200).expect("a posted shared buffer");
+        // Which message it is tells which client sent it, and so which of
+        // the server's queue pairs it must have arrived on.
+        let k = (0..4u8)
+            .find(|&k| msg[..] == pattern(k, 200)[..])
+            .unwrap_or_else(|| panic!("buffer {i} holds none of the messages sent"));
+        assert_eq!(
+            wc.qp_num,
+            server_qps[usize::from(k % 2)].1.qp_num(),
+            "message {k} came on client {}'s connection",
+            k % 2
+        );
+        seen.push((i, k));
+    }
+    seen.sort_unstable();
+    let buffers: Vec<usize> = seen.iter().map(|s| s.0).collect();
+    let mut messages: Vec<u8> = seen.iter().map(|s| s.1).collect();
+    messages.sort_unstable();
+    assert_eq!(buffers, [0, 1, 2, 3], "each shared buffer used once");
+    assert_eq!(messages, [0, 1, 2, 3], "every message received once");
 }

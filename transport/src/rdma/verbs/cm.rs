@@ -26,6 +26,7 @@ use super::cq::CompletionQueue;
 use super::device::Context;
 use super::mr::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair};
+use super::srq::SharedReceiveQueue;
 use super::{timeout_ms, wait_readable, Result, VerbsError};
 
 /// Largest private data in a connect request (RDMA_PS_TCP over IB/RoCE CM).
@@ -651,6 +652,37 @@ impl CmId {
         recv_cq: &Arc<CompletionQueue>,
         caps: QpCaps,
     ) -> Result<Arc<QueuePair>> {
+        self.create_qp_with(pd, send_cq, recv_cq, caps, None)
+    }
+
+    /// Creates the id's RC queue pair (one per id) taking its receives from
+    /// `srq`: it has no receive queue of its own (`caps.max_recv_wr` and
+    /// `max_recv_sge` are ignored), and [`QueuePair::post_recv`] on it is
+    /// refused. `srq` must be on `pd`.
+    pub fn create_qp_on_srq(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+        srq: &Arc<SharedReceiveQueue>,
+    ) -> Result<Arc<QueuePair>> {
+        if !Arc::ptr_eq(srq.pd(), pd) {
+            return Err(VerbsError::InvalidArgument(
+                "the shared receive queue must be on the queue pair's protection domain".into(),
+            ));
+        }
+        self.create_qp_with(pd, send_cq, recv_cq, caps, Some(srq))
+    }
+
+    fn create_qp_with(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+    ) -> Result<Arc<QueuePair>> {
         let ctx = self.context()?;
         if !pd.context().same_as(&ctx)
             || !send_cq.context().same_as(&ctx)
@@ -670,12 +702,18 @@ impl CmId {
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
         attr.sq_sig_all = 0;
         attr.cap.max_send_wr = caps.max_send_wr;
-        attr.cap.max_recv_wr = caps.max_recv_wr;
         attr.cap.max_send_sge = caps.max_send_sge;
-        attr.cap.max_recv_sge = caps.max_recv_sge;
         attr.cap.max_inline_data = caps.max_inline_data;
-        // SAFETY: live id, PD and CQs of the id's device (checked above),
-        // kept alive by the QueuePair; `attr` is valid for the call.
+        match srq {
+            Some(srq) => attr.srq = srq.as_ptr(),
+            None => {
+                attr.cap.max_recv_wr = caps.max_recv_wr;
+                attr.cap.max_recv_sge = caps.max_recv_sge;
+            }
+        }
+        // SAFETY: live id, PD, CQs and shared receive queue of the id's
+        // device (checked above), kept alive by the QueuePair; `attr` is
+        // valid for the call.
         let rc = unsafe { rdma_create_qp(self.ptr(), pd.as_ptr(), &mut attr) };
         if rc != 0 {
             self.inner.has_qp.store(false, Ordering::Release);
@@ -697,6 +735,7 @@ impl CmId {
             pd.clone(),
             send_cq.clone(),
             recv_cq.clone(),
+            srq.cloned(),
             self.inner.clone(),
         )))
     }

@@ -249,6 +249,9 @@ impl Context {
             max_mr: nonneg(a.max_mr),
             max_pd: nonneg(a.max_pd),
             max_mw: nonneg(a.max_mw),
+            max_srq: nonneg(a.max_srq),
+            max_srq_wr: nonneg(a.max_srq_wr),
+            max_srq_sge: nonneg(a.max_srq_sge),
             max_qp_rd_atom: nonneg(a.max_qp_rd_atom),
             max_qp_init_rd_atom: nonneg(a.max_qp_init_rd_atom),
             max_res_rd_atom: nonneg(a.max_res_rd_atom),
@@ -300,6 +303,13 @@ pub struct DeviceAttrs {
     pub max_pd: u32,
     /// Maximum number of memory windows (0: no windows; use `ibv_reg_mr`).
     pub max_mw: u32,
+    /// Maximum number of shared receive queues (0: none; each queue pair
+    /// then needs receives of its own).
+    pub max_srq: u32,
+    /// Maximum receives posted on one shared receive queue.
+    pub max_srq_wr: u32,
+    /// Maximum scatter/gather entries per receive on a shared queue.
+    pub max_srq_sge: u32,
     /// Maximum outstanding RDMA Reads/atomics a QP can answer
     /// (bounds `responder_resources`).
     pub max_qp_rd_atom: u32,

@@ -13,6 +13,7 @@
 //! Context  <- ProtectionDomain <- MemoryRegion <- (bound) MemoryWindow
 //!          <- CompletionChannel <- CompletionQueue
 //! EventChannel <- CmId <- QueuePair -> ProtectionDomain, CompletionQueue x2
+//!                                   -> (optional) SharedReceiveQueue -> ProtectionDomain
 //! ```
 //!
 //! # Memory touched by the device
@@ -53,6 +54,7 @@ mod mr;
 mod mw;
 mod qp;
 mod recv;
+mod srq;
 
 use std::io;
 use std::time::Duration;
@@ -70,7 +72,8 @@ pub use device::{Context, DeviceAttrs, DeviceList};
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteBuf, Sge};
 pub use mw::{next_rkey, MemoryWindow, MwAccess};
 pub use qp::{QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr};
-pub use recv::RecvRing;
+pub use recv::{ReceiveQueue, RecvRing};
+pub use srq::SharedReceiveQueue;
 
 /// Text every "no device" error carries, pointing at the Soft-RoCE VM.
 pub const NO_DEVICE_HINT: &str =

@@ -12,6 +12,7 @@ use super::cm::CmIdInner;
 use super::cq::CompletionQueue;
 use super::mr::{MemoryRegion, ProtectionDomain, RemoteBuf, Sge};
 use super::mw::{next_rkey, MemoryWindow, MwAccess};
+use super::srq::SharedReceiveQueue;
 use super::{check_range, Result, VerbsError};
 
 /// Queue depths and limits of a queue pair.
@@ -179,6 +180,8 @@ pub struct QueuePair {
     pd: Arc<ProtectionDomain>,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
+    /// The shared receive queue the QP takes its receives from, if any.
+    srq: Option<Arc<SharedReceiveQueue>>,
     // Dropped after the QP is destroyed (field order does not matter: Drop
     // runs first).
     cm: Arc<CmIdInner>,
@@ -206,6 +209,7 @@ impl QueuePair {
         pd: Arc<ProtectionDomain>,
         send_cq: Arc<CompletionQueue>,
         recv_cq: Arc<CompletionQueue>,
+        srq: Option<Arc<SharedReceiveQueue>>,
         cm: Arc<CmIdInner>,
     ) -> Self {
         Self {
@@ -214,8 +218,15 @@ impl QueuePair {
             pd,
             send_cq,
             recv_cq,
+            srq,
             cm,
         }
+    }
+
+    /// The shared receive queue the QP takes its receives from, if it was
+    /// created on one.
+    pub fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.srq.as_ref()
     }
 
     /// The QP number.
@@ -503,38 +514,19 @@ impl QueuePair {
 
     /// Posts receive work requests (one `ibv_post_recv`).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
+        if let Some(srq) = &self.srq {
+            return Err(VerbsError::InvalidArgument(format!(
+                "queue pair {} takes its receives from a shared receive queue \
+                 (post them there: {srq:?})",
+                self.qp_num()
+            )));
         }
-        let mut sge_count = 0;
-        for wr in wrs {
-            self.check_sges(wr.sges, self.caps.max_recv_sge, "receive")?;
-            sge_count += wr.sges.len();
-        }
-        let mut sge_store: Vec<ibv_sge> = Vec::with_capacity(sge_count);
-        let mut raw: Vec<ibv_recv_wr> = Vec::with_capacity(wrs.len());
-        let mut sge_starts: Vec<Option<usize>> = Vec::with_capacity(wrs.len());
-        for wr in wrs {
-            sge_starts.push((!wr.sges.is_empty()).then_some(sge_store.len()));
-            sge_store.extend(wr.sges.iter().map(raw_sge));
-            raw.push(ibv_recv_wr {
-                wr_id: wr.wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                // At most max_recv_sge (a u32), checked above.
-                num_sge: wr.sges.len() as i32,
-            });
-        }
-        let base = raw.as_mut_ptr();
-        // SAFETY: both vectors are fully built; indices are in bounds.
-        unsafe { link_chain(base, raw.len(), sge_store.as_mut_ptr(), &sge_starts) };
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live QP; the chain and its SGE arrays outlive the call.
-        let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), base, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::errno("ibv_post_recv", rc));
-        }
-        Ok(())
+        let qp = self.qp.as_ptr();
+        post_recv_chain(wrs, self.caps.max_recv_sge, "ibv_post_recv", |wr, bad| {
+            // SAFETY: live QP; the chain and its SGE arrays outlive the
+            // call (post_recv_chain's contract).
+            unsafe { ibv_post_recv(qp, wr, bad) }
+        })
     }
 
     /// Posts one receive.
@@ -559,6 +551,56 @@ fn raw_sge(s: &Sge<'_>) -> ibv_sge {
         length: s.length,
         lkey: s.lkey,
     }
+}
+
+/// Builds `wrs` into one chain of `ibv_recv_wr` (with their scatter/gather
+/// arrays) and hands its head to `post`, which posts it and returns the
+/// verbs call's result: 0 or an errno. At most `max_sge` entries per
+/// request.
+pub(crate) fn post_recv_chain(
+    wrs: &[RecvWr<'_>],
+    max_sge: u32,
+    call: &'static str,
+    post: impl FnOnce(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
+) -> Result<()> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let mut sge_count = 0;
+    for wr in wrs {
+        if wr.sges.len() > max_sge as usize {
+            return Err(VerbsError::InvalidArgument(format!(
+                "receive: {} scatter/gather entries, the queue allows {max_sge}",
+                wr.sges.len()
+            )));
+        }
+        sge_count += wr.sges.len();
+    }
+    let mut sge_store: Vec<ibv_sge> = Vec::with_capacity(sge_count);
+    let mut raw: Vec<ibv_recv_wr> = Vec::with_capacity(wrs.len());
+    let mut sge_starts: Vec<Option<usize>> = Vec::with_capacity(wrs.len());
+    for wr in wrs {
+        sge_starts.push((!wr.sges.is_empty()).then_some(sge_store.len()));
+        sge_store.extend(wr.sges.iter().map(raw_sge));
+        raw.push(ibv_recv_wr {
+            wr_id: wr.wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            // At most max_sge (a u32), checked above.
+            num_sge: wr.sges.len() as i32,
+        });
+    }
+    let base = raw.as_mut_ptr();
+    // SAFETY: both vectors are fully built; indices are in bounds.
+    unsafe { link_chain(base, raw.len(), sge_store.as_mut_ptr(), &sge_starts) };
+    let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+    // `raw` and `sge_store` live until the end of this function, past the
+    // call.
+    let rc = post(base, &mut bad);
+    if rc != 0 {
+        return Err(VerbsError::errno(call, rc));
+    }
+    Ok(())
 }
 
 /// Work requests that can be chained and point at SGE arrays.

@@ -16,10 +16,36 @@
 
 use super::mr::{Access, MemoryRegion, ProtectionDomain};
 use super::qp::{QueuePair, RecvWr};
+use super::srq::SharedReceiveQueue;
 use super::{Result, VerbsError};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+
+/// Where receives are posted: a queue pair's own receive queue, or a
+/// shared receive queue.
+pub trait ReceiveQueue {
+    /// Posts receive work requests in one call.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+}
+
+impl ReceiveQueue for QueuePair {
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        QueuePair::post_recv(self, wrs)
+    }
+}
+
+impl ReceiveQueue for SharedReceiveQueue {
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        SharedReceiveQueue::post_recv(self, wrs)
+    }
+}
+
+impl<T: ReceiveQueue + ?Sized> ReceiveQueue for Arc<T> {
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        (**self).post_recv(wrs)
+    }
+}
 
 /// A buffer's states.
 const FREE: u8 = 0;
@@ -103,11 +129,12 @@ impl RecvRing {
         })
     }
 
-    /// Posts buffer `i` on `qp` as receive `wr_id`. Returns `Ok(false)`,
-    /// posting nothing, while the buffer is lent (a `Bytes` over its last
-    /// message is still alive); an error when it is posted already or the
-    /// post fails.
-    pub fn post(&self, qp: &QueuePair, i: usize, wr_id: u64) -> Result<bool> {
+    /// Posts buffer `i` on `qp` (a queue pair's own receive queue or a
+    /// shared one) as receive `wr_id`. Returns `Ok(false)`, posting
+    /// nothing, while the buffer is lent (a `Bytes` over its last message
+    /// is still alive); an error when it is posted already or the post
+    /// fails.
+    pub fn post(&self, qp: &impl ReceiveQueue, i: usize, wr_id: u64) -> Result<bool> {
         let st = self.state(i)?;
         match st.compare_exchange(FREE, POSTED, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {}
