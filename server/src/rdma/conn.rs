@@ -92,6 +92,8 @@ pub struct Conn {
     holds: HashMap<u32, Vec<Local>>,
     /// Receives to post once nothing holds their buffer.
     deferred: Vec<(u32, WrId)>,
+    /// The most receive buffers this connection's messages held at once.
+    held_peak: u32,
 }
 
 impl Conn {
@@ -121,6 +123,7 @@ impl Conn {
             read_wrs: HashMap::new(),
             holds: HashMap::new(),
             deferred: Vec::new(),
+            held_peak: 0,
         }
     }
 
@@ -173,6 +176,15 @@ impl Conn {
             self.batch_at = self.poller.worked();
             for wc in wcs.drain(..) {
                 self.completion(wc)?;
+            }
+            // The messages held now include every call this batch brought,
+            // none of them answered yet: the connection's peak.
+            let held = self.core.held_receives();
+            if held > self.held_peak {
+                self.held_peak = held;
+                self.stats
+                    .receives_held_peak
+                    .fetch_max(u64::from(held), Ordering::Relaxed);
             }
             self.drive()?;
             self.post_deferred()?;
@@ -251,9 +263,6 @@ impl Conn {
         let now = self.core.stats();
         self.stats.add(&self.seen, &now);
         self.seen = now;
-        self.stats
-            .receives_held_peak
-            .fetch_max(u64::from(self.core.held_receives()), Ordering::Relaxed);
         Ok(())
     }
 
