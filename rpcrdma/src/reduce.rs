@@ -69,6 +69,16 @@ impl XdrSink for ReducingSink {
         self.stream.put_raw(bytes);
     }
 
+    fn put_u32_be(&mut self, v: u32) {
+        self.full_len += 4;
+        self.stream.put_u32_be(v);
+    }
+
+    fn put_u64_be(&mut self, v: u64) {
+        self.full_len += 8;
+        self.stream.put_u64_be(v);
+    }
+
     fn put_payload(&mut self, payload: &Payload) {
         self.full_len += nfsrdma_xdr::roundup(payload.len());
         if self.reduce && self.moved.is_none() {

@@ -149,18 +149,31 @@ impl<B: BufMut> XdrSink for B {
 /// payloads of at least [`IoVecSink::BY_REFERENCE_MIN`] bytes are kept as
 /// references to the caller's `Bytes` (no copy). The result is a list of
 /// buffers for `writev` or for a list of RDMA scatter/gather entries.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct IoVecSink {
     head: BytesMut,
     parts: Vec<Bytes>,
     len: usize,
 }
 
+impl Default for IoVecSink {
+    fn default() -> Self {
+        IoVecSink::with_capacity(Self::INITIAL_CAPACITY)
+    }
+}
+
 impl IoVecSink {
     /// Payloads at least this long are carried by reference.
     pub const BY_REFERENCE_MIN: usize = 512;
 
-    /// An empty sink.
+    /// Room the gathering buffer of [`IoVecSink::new`] starts with: the
+    /// header and results of most RPC messages (a READ or WRITE reply
+    /// without its data, a GETATTR reply) in one allocation, where
+    /// growing from nothing would take several.
+    pub const INITIAL_CAPACITY: usize = 256;
+
+    /// An empty sink (its buffer sized for a typical message, growing
+    /// as needed).
     pub fn new() -> Self {
         Self::default()
     }
@@ -170,7 +183,8 @@ impl IoVecSink {
     pub fn with_capacity(n: usize) -> Self {
         IoVecSink {
             head: BytesMut::with_capacity(n),
-            ..Self::default()
+            parts: Vec::new(),
+            len: 0,
         }
     }
 
@@ -197,6 +211,18 @@ impl XdrSink for IoVecSink {
     fn put_raw(&mut self, bytes: &[u8]) {
         self.head.extend_from_slice(bytes);
         self.len += bytes.len();
+    }
+
+    // The fixed-size words, most of a message's items, without the
+    // general copy of `put_raw`.
+    fn put_u32_be(&mut self, v: u32) {
+        self.head.put_u32(v);
+        self.len += 4;
+    }
+
+    fn put_u64_be(&mut self, v: u64) {
+        self.head.put_u64(v);
+        self.len += 8;
     }
 
     fn put_payload(&mut self, payload: &Payload) {
