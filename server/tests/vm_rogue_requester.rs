@@ -1265,6 +1265,55 @@ fn case_read_chunk_of_more_segments_than_the_read_depth(srv: &Server, good: &mut
     ONE_CONN
 }
 
+/// The test process's memory and CPU around a rogue case (the server runs
+/// in it), checked once the rogue has gone: its RSS grew by at most one
+/// connection's buffers (`memory_per_connection`, the figure nfsrdmad
+/// prints at start) and 32 MiB for the allocator, and over the 2 s after
+/// a 1 s pause it used at most 300 ms of CPU (idle but for the good
+/// client's connection). Returns the figures for the case's report.
+struct Footprint {
+    rss: u64,
+}
+
+impl Footprint {
+    fn before() -> Footprint {
+        Footprint {
+            rss: proc_kib("/proc/self/status", "VmRSS:") * 1024,
+        }
+    }
+
+    fn check_after(self, srv: &Server, open_before: u64, name: &str) -> String {
+        assert!(
+            wait_until(|| srv.open() == open_before),
+            "{name}: open {} (was {open_before})",
+            srv.open()
+        );
+        let rss = proc_kib("/proc/self/status", "VmRSS:") * 1024;
+        let per_conn = rdma_config().memory_per_connection() as u64;
+        let grew = rss.saturating_sub(self.rss);
+        std::thread::sleep(Duration::from_secs(1));
+        let cpu0 = cpu_time();
+        std::thread::sleep(Duration::from_secs(2));
+        let cpu = cpu_time() - cpu0;
+        let report = format!(
+            "RSS {} -> {} KiB (+{} KiB; one connection's buffers {} KiB), CPU over 2 s after it left {cpu:?}",
+            self.rss >> 10,
+            rss >> 10,
+            grew >> 10,
+            per_conn >> 10
+        );
+        assert!(
+            grew <= per_conn + (32 << 20),
+            "{name}: the process grew by {grew} B: {report}"
+        );
+        assert!(
+            cpu <= Duration::from_millis(300),
+            "{name}: not back to idle: {report}"
+        );
+        report
+    }
+}
+
 /// 23: a requester that posts no receives and keeps sending (a call per
 /// credit), having asked for endless receiver-not-ready retries: the
 /// server's replies find no receive, its retries are bounded whatever the
@@ -1273,6 +1322,8 @@ fn case_read_chunk_of_more_segments_than_the_read_depth(srv: &Server, good: &mut
 fn case_requester_that_posts_no_receives(srv: &Server, good: &mut Peer) -> Counts {
     let counted = || srv.stats.peer_not_receiving.load(Ordering::Relaxed);
     let before = counted();
+    let open_before = srv.open();
+    let footprint = Footprint::before();
     let mut p = Peer::connect_posting(srv, false).expect("connect without receives");
     let start = Instant::now();
     for _ in 0..CREDITS {
@@ -1295,6 +1346,9 @@ fn case_requester_that_posts_no_receives(srv: &Server, good: &mut Peer) -> Count
         "not counted as a peer that posts no receives: {}",
         srv.stats.report()
     );
+    drop(p);
+    let report = footprint.check_after(srv, open_before, "requester_that_posts_no_receives");
+    println!("requester_that_posts_no_receives: {report}");
     Counts {
         errors: 1,
         ..ONE_CONN
@@ -1318,6 +1372,7 @@ fn case_calls_beyond_the_credits(srv: &Server, good: &mut Peer) -> Counts {
     const FOR: Duration = Duration::from_secs(10);
     let before = srv.counts();
     let open_before = srv.open();
+    let footprint = Footprint::before();
     let mut p = Peer::connect(srv);
     let start = Instant::now();
     let mut xids = HashSet::new();
@@ -1387,16 +1442,14 @@ fn case_calls_beyond_the_credits(srv: &Server, good: &mut Peer) -> Counts {
         assert!(sent > 0);
         p.null();
     }
+    if !dropped {
+        let _ = p.id.disconnect();
+    }
     drop(p);
     // The server's side of a connection the requester dropped ends as a
     // close or as an error, depending on what its thread saw first.
-    if dropped {
-        assert!(
-            wait_until(|| srv.open() == open_before),
-            "open {} (was {open_before})",
-            srv.open()
-        );
-    }
+    let report = footprint.check_after(srv, open_before, "calls_beyond_the_credits");
+    println!("calls_beyond_the_credits: {report}");
     let errors = srv.counts().errors - before.errors;
     Counts { errors, ..ONE_CONN }
 }

@@ -84,16 +84,23 @@ fn caps() -> QpCaps {
     }
 }
 
-fn connect_pair(opts: PairOpts) -> Pair {
-    let ip = rdma_ip();
+/// A listening CM id on the device's address: its event channel, the id
+/// and its port.
+fn listen() -> (Arc<EventChannel>, CmId, u16) {
     let lch = EventChannel::new().expect("event channel");
     let listener = CmId::new(&lch).expect("listener id");
     listener
-        .bind_addr(SocketAddr::new(ip, 0))
+        .bind_addr(SocketAddr::new(rdma_ip(), 0))
         .expect("bind listener");
     listener.listen(8).expect("listen");
     let port = listener.local_port();
     assert_ne!(port, 0);
+    (lch, listener, port)
+}
+
+fn connect_pair(opts: PairOpts) -> Pair {
+    let ip = rdma_ip();
+    let (lch, listener, port) = listen();
 
     let cch = EventChannel::new().expect("client channel");
     let cid = CmId::new(&cch).expect("client id");
@@ -1188,13 +1195,7 @@ fn dropping_a_region_with_a_posted_receive_fails_safely() {
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn two_queue_pairs_take_their_receives_from_one_shared_queue() {
     let ip = rdma_ip();
-    let lch = EventChannel::new().expect("event channel");
-    let listener = CmId::new(&lch).expect("listener id");
-    listener
-        .bind_addr(SocketAddr::new(ip, 0))
-        .expect("bind listener");
-    listener.listen(8).expect("listen");
-    let port = listener.local_port();
+    let (lch, _listener, port) = listen();
     let mut server: Option<(
         Arc<ProtectionDomain>,
         Arc<CompletionQueue>,
