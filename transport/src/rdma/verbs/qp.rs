@@ -278,16 +278,6 @@ impl QueuePair {
         &self.recv_cq
     }
 
-    fn check_sges(&self, sges: &[Sge<'_>], max: u32, what: &str) -> Result<u64> {
-        if sges.len() > max as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{what}: {} scatter/gather entries, QP allows {max}",
-                sges.len()
-            )));
-        }
-        Ok(sges.iter().map(|s| u64::from(s.length)).sum())
-    }
-
     /// Posts a chain of send-queue work requests (one `ibv_post_send`).
     ///
     /// On failure no request from the failing one on was posted; the ones
@@ -315,7 +305,7 @@ impl QueuePair {
         for wr in wrs {
             match wr.op {
                 SendOp::Send { sges } | SendOp::SendWithInv { sges, .. } => {
-                    let total = self.check_sges(sges, self.caps.max_send_sge, "send")?;
+                    let total = check_sges(sges, self.caps.max_send_sge, "send")?;
                     if wr.flags.inline && total > u64::from(self.caps.max_inline_data) {
                         return Err(VerbsError::InvalidArgument(format!(
                             "inline send of {total} bytes, QP allows {}",
@@ -324,7 +314,7 @@ impl QueuePair {
                     }
                 }
                 SendOp::RdmaWrite { sges, remote } | SendOp::RdmaRead { sges, remote } => {
-                    let total = self.check_sges(sges, self.caps.max_send_sge, "rdma")?;
+                    let total = check_sges(sges, self.caps.max_send_sge, "rdma")?;
                     if total > u64::from(remote.len) {
                         return Err(VerbsError::InvalidArgument(format!(
                             "RDMA of {total} bytes into a remote segment of {}",
@@ -553,6 +543,18 @@ fn raw_sge(s: &Sge<'_>) -> ibv_sge {
     }
 }
 
+/// The bytes `sges` cover; an error when there are more than `max` of
+/// them (the queue's limit for `what`).
+fn check_sges(sges: &[Sge<'_>], max: u32, what: &str) -> Result<u64> {
+    if sges.len() > max as usize {
+        return Err(VerbsError::InvalidArgument(format!(
+            "{what}: {} scatter/gather entries, the queue allows {max}",
+            sges.len()
+        )));
+    }
+    Ok(sges.iter().map(|s| u64::from(s.length)).sum())
+}
+
 /// Builds `wrs` into one chain of `ibv_recv_wr` (with their scatter/gather
 /// arrays) and hands its head to `post`, which posts it and returns the
 /// verbs call's result: 0 or an errno. At most `max_sge` entries per
@@ -568,12 +570,7 @@ pub(crate) fn post_recv_chain(
     }
     let mut sge_count = 0;
     for wr in wrs {
-        if wr.sges.len() > max_sge as usize {
-            return Err(VerbsError::InvalidArgument(format!(
-                "receive: {} scatter/gather entries, the queue allows {max_sge}",
-                wr.sges.len()
-            )));
-        }
+        check_sges(wr.sges, max_sge, "receive")?;
         sge_count += wr.sges.len();
     }
     let mut sge_store: Vec<ibv_sge> = Vec::with_capacity(sge_count);
