@@ -522,4 +522,6 @@ fn auth_error(xid: u32, why: AuthStat) -> Reply {
 }
 
 #[cfg(test)]
+mod parallel_tests;
+#[cfg(test)]
 mod tests;

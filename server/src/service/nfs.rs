@@ -236,22 +236,28 @@ impl Service {
             Ok(t) => t,
             Err(e) => return NfsResult::Err(e, FileWcc::default()),
         };
-        let mut fs = t.ex.store.write();
+        // The store's shared lock: the file alone is locked while it
+        // changes, and its attributes before and after are read with it.
+        let fs = t.ex.store.read();
         let ino = match fs.resolve(&a.file) {
             Ok(i) => i,
             Err(e) => return NfsResult::Err(e, FileWcc::default()),
         };
-        let before = fs.wcc_attr(ino);
-        let r = self.writable(&t).and_then(|_| {
-            if a.data.len() != a.count as usize {
+        let checked = self.writable(&t).and_then(|_| {
+            if a.data.len() != a.count as usize || a.count > self.config.max_io {
                 return Err(NfsStat3::Inval);
             }
-            if a.count > self.config.max_io {
-                return Err(NfsStat3::Inval);
-            }
-            fs.write(ino, &t.cred, a.offset, &a.data)
+            Ok(())
         });
-        let file_wcc = wcc(&fs, ino, before);
+        let (before, r, after) = match checked {
+            Ok(()) => fs.write_wcc(ino, &t.cred, a.offset, &a.data),
+            Err(e) => {
+                let attrs = fs.getattr(ino).ok();
+                let before = fs.wcc_attr(ino);
+                (before, Err(e), attrs)
+            }
+        };
+        let file_wcc = WccData { before, after };
         match r {
             Ok(()) => NfsResult::Ok(Write3ResOk {
                 file_wcc,

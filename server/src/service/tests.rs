@@ -8,8 +8,8 @@ use nfsrdma_xdr::nfs3::*;
 use nfsrdma_xdr::rpc::{AuthSysParms, MachineName, OpaqueAuth};
 use nfsrdma_xdr::BoundedVec;
 
-struct T {
-    svc: Service,
+pub(super) struct T {
+    pub(super) svc: Arc<Service>,
     xid: std::cell::Cell<u32>,
     peer: SocketAddr,
     cred: OpaqueAuth,
@@ -32,15 +32,28 @@ fn setup(exports_text: &str) -> T {
 fn setup_with(exports_text: &str, config: ServiceConfig) -> T {
     let rules = Exports::parse(exports_text).unwrap();
     let exports = Service::exports_from_rules(&rules, &StoreConfig::default());
-    T {
-        svc: Service::new(exports, config),
-        xid: std::cell::Cell::new(1),
-        peer: "127.0.0.1:700".parse().unwrap(),
-        cred: sys(0, 0),
-    }
+    T::on(Arc::new(Service::new(exports, config)))
 }
 
 impl T {
+    /// A caller (root, from one address) of `svc`; callers on other
+    /// threads each have one of their own (their xids apart).
+    pub(super) fn on(svc: Arc<Service>) -> T {
+        T {
+            svc,
+            xid: std::cell::Cell::new(1),
+            peer: "127.0.0.1:700".parse().unwrap(),
+            cred: sys(0, 0),
+        }
+    }
+
+    /// Another caller of the same service, with xids of its own.
+    pub(super) fn another(&self, first_xid: u32) -> T {
+        let t = T::on(self.svc.clone());
+        t.xid.set(first_xid);
+        t
+    }
+
     fn raw(&self, xid: u32, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> Option<Bytes> {
         let mut b = BytesMut::new();
         let mut m = RpcMessage::call(xid, prog, vers, proc_, self.cred.clone());
@@ -67,7 +80,7 @@ impl T {
         x
     }
 
-    fn nfs(&self, args: Nfs3Args) -> Nfs3Res {
+    pub(super) fn nfs(&self, args: Nfs3Args) -> Nfs3Res {
         let mut a = BytesMut::new();
         args.encode(&mut a);
         let xid = self.next_xid();
@@ -86,7 +99,7 @@ impl T {
         r
     }
 
-    fn mount(&self, path: &str) -> NfsFh3 {
+    pub(super) fn mount(&self, path: &str) -> NfsFh3 {
         let mut a = BytesMut::new();
         mnt::DirPath::new(path.as_bytes().to_vec()).encode(&mut a);
         let reply = self
@@ -117,7 +130,7 @@ impl T {
         }
     }
 
-    fn create(&self, dir: &NfsFh3, name: &str) -> NfsFh3 {
+    pub(super) fn create(&self, dir: &NfsFh3, name: &str) -> NfsFh3 {
         match self.nfs(Nfs3Args::Create(Create3Args {
             where_: dop(dir, name),
             how: CreateHow3::Guarded(Sattr3::default()),

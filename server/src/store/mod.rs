@@ -36,6 +36,10 @@ fn random_key() -> [u64; 2] {
     b.write_u64(!t);
     [a.finish(), b.finish()]
 }
+use parking_lot::{
+    MappedRwLockReadGuard, RwLock as InodeLock, RwLockReadGuard as InodeRead,
+    RwLockWriteGuard as InodeWrite,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -60,14 +64,14 @@ const FIRST_ENTRY_COOKIE: u64 = 3;
 /// overwritten or cut off since) are gathered into one block, a copy
 /// counted in `gathered`. Pages landed over one block never get there: a
 /// buffer stays alive, whole, only while some page of it is left.
-fn settle(b: FileBlock, source: &dyn BlockSource, gathered: &mut u64) -> SResult<FileBlock> {
+fn settle(b: FileBlock, source: &dyn BlockSource, gathered: &AtomicU64) -> SResult<FileBlock> {
     if b.pinned() <= 2 * BLOCK_SIZE {
         return Ok(b);
     }
     let mut whole = Block::new(source, BLOCK_SIZE).ok_or(NfsStat3::Nospc)?;
     let c = b.contents();
     whole.get_mut().expect("fresh block")[..c.len()].copy_from_slice(&c);
-    *gathered += c.len() as u64;
+    gathered.fetch_add(c.len() as u64, Ordering::Relaxed);
     Ok(FileBlock::Whole(whole))
 }
 
@@ -278,10 +282,15 @@ struct Inode {
     content: Content,
 }
 
+/// An inode table entry. The inode has a lock of its own: calls that
+/// change only a file's data and attributes (WRITE) hold the store's lock
+/// shared and the file's exclusively, so that calls on different files run
+/// at once; everything that changes the namespace or the table holds the
+/// store's lock exclusively, and reaches inodes without locking them.
 #[derive(Debug, Default)]
 struct Slot {
     generation: u32,
-    inode: Option<Inode>,
+    inode: Option<InodeLock<Inode>>,
 }
 
 /// What CREATE, MKDIR, SYMLINK and MKNOD make.
@@ -326,24 +335,26 @@ pub struct Fs {
     slots: Vec<Slot>,
     free: Vec<u32>,
     inodes: u64,
-    used_bytes: u64,
+    /// Bytes of block memory held by files (changed by WRITEs to
+    /// different files at once, so atomic; see [`Fs::reserve`]).
+    used_bytes: AtomicU64,
     source: Box<dyn BlockSource>,
     /// Secret mixed into handle check values (kept in snapshots, so that
     /// handles survive a planned restart).
     handle_key: [u64; 2],
     /// WRITE bytes copied into file blocks.
-    write_copied: u64,
+    write_copied: AtomicU64,
     /// WRITE bytes whose landing blocks became file blocks (no copy).
-    write_adopted: u64,
+    write_adopted: AtomicU64,
     /// Bytes of pages gathered into whole blocks (see `settle`).
-    write_compacted: u64,
+    write_compacted: AtomicU64,
     /// Zeros for holes and a null export's data, from `source`.
     zeros: Zeros,
     /// A null export's READ bytes answered with zeros (READs run under
     /// the shared lock).
     null_read: AtomicU64,
     /// A null export's WRITE bytes discarded.
-    null_discarded: u64,
+    null_discarded: AtomicU64,
     /// Files an NFSv4 client holds open: one unlinked meanwhile stays (with
     /// no links) until [`Fs::release`].
     held: HashSet<Ino>,
@@ -370,15 +381,15 @@ impl Store {
             slots: Vec::new(),
             free: Vec::new(),
             inodes: 0,
-            used_bytes: 0,
+            used_bytes: AtomicU64::new(0),
             source,
             handle_key: random_key(),
-            write_copied: 0,
-            write_adopted: 0,
-            write_compacted: 0,
+            write_copied: AtomicU64::new(0),
+            write_adopted: AtomicU64::new(0),
+            write_compacted: AtomicU64::new(0),
             zeros,
             null_read: AtomicU64::new(0),
-            null_discarded: 0,
+            null_discarded: AtomicU64::new(0),
             held: HashSet::new(),
         };
         let now = now();
@@ -498,13 +509,13 @@ impl Fs {
         if let Some(i) = self.free.pop() {
             let slot = &mut self.slots[i as usize];
             slot.generation = slot.generation.wrapping_add(1);
-            slot.inode = Some(inode);
+            slot.inode = Some(InodeLock::new(inode));
             return Ok(Ino(i));
         }
         let i = u32::try_from(self.slots.len()).map_err(|_| NfsStat3::Nospc)?;
         self.slots.push(Slot {
             generation: 1,
-            inode: Some(inode),
+            inode: Some(InodeLock::new(inode)),
         });
         Ok(Ino(i))
     }
@@ -526,33 +537,50 @@ impl Fs {
     fn free_inode(&mut self, ino: Ino) {
         self.held.remove(&ino);
         if let Some(inode) = self.slots[ino.0 as usize].inode.take() {
-            if let Content::File(f) = inode.content {
-                self.used_bytes -= f.used;
+            if let Content::File(f) = inode.into_inner().content {
+                self.used_bytes.fetch_sub(f.used, Ordering::Relaxed);
             }
             self.inodes -= 1;
             self.free.push(ino.0);
         }
     }
 
-    fn inode(&self, ino: Ino) -> SResult<&Inode> {
+    fn lock(&self, ino: Ino) -> SResult<&InodeLock<Inode>> {
         self.slots
             .get(ino.0 as usize)
             .and_then(|s| s.inode.as_ref())
             .ok_or(NfsStat3::Stale)
     }
 
+    /// The inode, shared. Under the store's shared lock a call never holds
+    /// two guards of one file at once: a WRITE waiting for the file would
+    /// hold up the second, and the call with it. (A directory, or any
+    /// inode under the store's exclusive lock, has no one waiting.)
+    fn inode(&self, ino: Ino) -> SResult<InodeRead<'_, Inode>> {
+        Ok(self.lock(ino)?.read())
+    }
+
+    /// The inode, exclusively, under the store's shared lock: only for
+    /// changes to a file's data and attributes (see [`Slot`]).
+    fn inode_write(&self, ino: Ino) -> SResult<InodeWrite<'_, Inode>> {
+        Ok(self.lock(ino)?.write())
+    }
+
+    /// The inode, under the store's exclusive lock (no locking needed).
     fn inode_mut(&mut self, ino: Ino) -> SResult<&mut Inode> {
         self.slots
             .get_mut(ino.0 as usize)
             .and_then(|s| s.inode.as_mut())
+            .map(InodeLock::get_mut)
             .ok_or(NfsStat3::Stale)
     }
 
-    fn dir(&self, ino: Ino) -> SResult<&Dir> {
-        match &self.inode(ino)?.content {
-            Content::Dir(d) => Ok(d),
-            _ => Err(NfsStat3::Notdir),
-        }
+    fn dir(&self, ino: Ino) -> SResult<MappedRwLockReadGuard<'_, Dir>> {
+        InodeRead::try_map(self.inode(ino)?, |i| match &i.content {
+            Content::Dir(d) => Some(d),
+            _ => None,
+        })
+        .map_err(|_| NfsStat3::Notdir)
     }
 
     fn dir_mut(&mut self, ino: Ino) -> SResult<&mut Dir> {
@@ -609,7 +637,11 @@ impl Fs {
 
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: Ino) -> SResult<Fattr3> {
-        let i = self.inode(ino)?;
+        Ok(self.fattr(ino, &*self.inode(ino)?))
+    }
+
+    /// The attributes of `ino`, whose inode the caller holds.
+    fn fattr(&self, ino: Ino, i: &Inode) -> Fattr3 {
         let a = &i.attr;
         let (size, used) = match &i.content {
             Content::File(f) => (f.size, f.used),
@@ -620,7 +652,7 @@ impl Fs {
             Content::Symlink(t) => (t.len() as u64, 0),
             Content::Node => (0, 0),
         };
-        Ok(Fattr3 {
+        Fattr3 {
             type_: a.kind,
             mode: a.mode,
             nlink: a.nlink,
@@ -634,7 +666,7 @@ impl Fs {
             atime: a.atime,
             mtime: a.mtime,
             ctime: a.ctime,
-        })
+        }
     }
 
     /// The change attribute of `ino` (NFSv4 `change`).
@@ -644,11 +676,7 @@ impl Fs {
 
     /// The attributes a client checks its cache with.
     pub fn wcc_attr(&self, ino: Ino) -> Option<WccAttr> {
-        self.getattr(ino).ok().map(|a| WccAttr {
-            size: a.size,
-            mtime: a.mtime,
-            ctime: a.ctime,
-        })
+        self.getattr(ino).ok().as_ref().map(wcc_of)
     }
 
     /// Whether `cred` may do `want` (rwx bits: 4, 2, 1) on `ino`.
@@ -834,7 +862,7 @@ impl Fs {
     }
 
     fn check_dir_write(&self, dir: Ino, cred: &Cred) -> SResult<()> {
-        self.dir(dir)?;
+        drop(self.dir(dir)?);
         self.require(dir, cred, 3)
     }
 
@@ -853,11 +881,12 @@ impl Fs {
             return Err(NfsStat3::Exist);
         }
         check_name(name)?;
-        if let Some(existing) = self.dir(dir)?.get(name) {
+        let existing = self.dir(dir)?.get(name);
+        if let Some(existing) = existing {
             return self.create_existing(existing, cred, &node, mode, attrs);
         }
         let t = now();
-        let dir_attr = &self.inode(dir)?.attr;
+        let dir_attr = self.inode(dir)?.attr.clone();
         // A directory with the set-group-id bit passes its group on.
         let (gid, sgid) = if dir_attr.mode & 0o2000 != 0 {
             (dir_attr.gid, true)
@@ -1161,7 +1190,7 @@ impl Fs {
             return Err(NfsStat3::Exist);
         }
         check_name(name)?;
-        let a = &self.inode(file)?.attr;
+        let a = self.inode(file)?.attr.clone();
         if a.kind == Ftype3::Dir {
             return Err(NfsStat3::Isdir);
         }
@@ -1280,18 +1309,49 @@ impl Fs {
     }
 
     /// WRITE `data` at `offset`. The owner may write a file whose mode
-    /// forbids it (as an open file keeps its access).
-    pub fn write(&mut self, ino: Ino, cred: &Cred, offset: u64, data: &Payload) -> SResult<()> {
-        {
-            let i = self.inode(ino)?;
-            match &i.content {
-                Content::File(_) => {}
-                Content::Dir(_) => return Err(NfsStat3::Isdir),
-                _ => return Err(NfsStat3::Inval),
-            }
-            if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
-                return Err(NfsStat3::Acces);
-            }
+    /// forbids it (as an open file keeps its access). Needs only the
+    /// store's shared lock: the file alone is locked while it changes.
+    pub fn write(&self, ino: Ino, cred: &Cred, offset: u64, data: &Payload) -> SResult<()> {
+        self.write_wcc(ino, cred, offset, data).1
+    }
+
+    /// [`Fs::write`], with the file's attributes just before it and just
+    /// after it, read with the file locked so that no other change falls
+    /// between them (NFSv3 weak cache consistency).
+    pub fn write_wcc(
+        &self,
+        ino: Ino,
+        cred: &Cred,
+        offset: u64,
+        data: &Payload,
+    ) -> (Option<WccAttr>, SResult<()>, Option<Fattr3>) {
+        let kind = match self.inode(ino) {
+            Ok(i) => i.attr.kind,
+            Err(e) => return (None, Err(e), None),
+        };
+        if kind != Ftype3::Reg {
+            // Not locked exclusively: a directory's lock is only ever
+            // shared while the store's lock is (see `inode`).
+            let attrs = self.getattr(ino).ok();
+            let e = if kind == Ftype3::Dir {
+                NfsStat3::Isdir
+            } else {
+                NfsStat3::Inval
+            };
+            return (attrs.as_ref().map(wcc_of), Err(e), attrs);
+        }
+        let mut i = match self.inode_write(ino) {
+            Ok(i) => i,
+            Err(e) => return (None, Err(e), None),
+        };
+        let before = wcc_of(&self.fattr(ino, &i));
+        let r = self.write_locked(&mut i, cred, offset, data);
+        (Some(before), r, Some(self.fattr(ino, &i)))
+    }
+
+    fn write_locked(&self, i: &mut Inode, cred: &Cred, offset: u64, data: &Payload) -> SResult<()> {
+        if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
+            return Err(NfsStat3::Acces);
         }
         let len = data.len() as u64;
         let end = offset.checked_add(len).ok_or(NfsStat3::Fbig)?;
@@ -1299,15 +1359,15 @@ impl Fs {
             return Err(NfsStat3::Fbig);
         }
         let t = now();
+        let Content::File(f) = &mut i.content else {
+            return Err(NfsStat3::Inval);
+        };
         if self.config.null {
-            self.null_discarded += len;
+            self.null_discarded.fetch_add(len, Ordering::Relaxed);
         } else if len > 0 {
-            self.write_blocks(ino, offset, data)?;
+            self.write_blocks(f, offset, data)?;
         }
-        let i = self.inode_mut(ino)?;
-        if let Content::File(f) = &mut i.content {
-            f.size = f.size.max(end);
-        }
+        f.size = f.size.max(end);
         i.attr.mtime = t;
         i.attr.set_ctime(t);
         // A write by someone other than root clears set-id bits.
@@ -1317,28 +1377,50 @@ impl Fs {
         Ok(())
     }
 
-    fn write_blocks(&mut self, ino: Ino, offset: u64, data: &Payload) -> SResult<()> {
-        let end = offset + data.len() as u64;
+    /// Takes `bytes` of the store's capacity for a change about to be
+    /// made: NFS3ERR_NOSPC when they are not there. WRITEs to different
+    /// files reserve at once; each gives back what it did not use.
+    fn reserve(&self, bytes: u64) -> SResult<()> {
         let capacity = self.config.capacity_bytes;
-        let used_now = self.used_bytes;
-        let i = self.slots[ino.0 as usize]
-            .inode
-            .as_mut()
-            .ok_or(NfsStat3::Stale)?;
+        self.used_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_add(bytes).filter(|n| *n <= capacity)
+            })
+            .map(|_| ())
+            .map_err(|_| NfsStat3::Nospc)
+    }
+
+    /// Writes `data` at `offset` into the blocks of the file `ino` (its
+    /// size and times are the caller's).
+    fn write_file_blocks(&self, ino: Ino, offset: u64, data: &Payload) -> SResult<()> {
+        let mut i = self.inode_write(ino)?;
         let Content::File(f) = &mut i.content else {
             return Err(NfsStat3::Inval);
         };
+        self.write_blocks(f, offset, data)
+    }
+
+    fn write_blocks(&self, f: &mut FileData, offset: u64, data: &Payload) -> SResult<()> {
+        let end = offset + data.len() as u64;
         let new_size = f.size.max(end);
         let first = offset / BLOCK_SIZE as u64;
         let last = (end - 1) / BLOCK_SIZE as u64;
         // Work out the memory needed first (at most), so that NFS3ERR_NOSPC
-        // leaves the file untouched.
+        // leaves the file untouched. A page taken over from a landing block
+        // keeps all of that block alive: a block written with landed data
+        // may come to pin up to two blocks' memory (see `settle`).
+        let landed = data
+            .attachment()
+            .is_some_and(|a| a.downcast_ref::<blocks::LandingBlocks>().is_some());
         let mut grow = 0u64;
         for bi in first..=last {
             let block_start = bi * BLOCK_SIZE as u64;
             let in_block = (offset.max(block_start) - block_start) as usize;
             let end_in_block = ((end - block_start) as usize).min(BLOCK_SIZE);
             grow += match f.blocks.get(&bi) {
+                b if landed => {
+                    (2 * BLOCK_SIZE).saturating_sub(b.map_or(0, FileBlock::pinned)) as u64
+                }
                 Some(FileBlock::Pages(_)) => {
                     ((end_in_block.div_ceil(PAGE) - in_block / PAGE) * PAGE) as u64
                 }
@@ -1349,9 +1431,29 @@ impl Fs {
                 }
             };
         }
-        if used_now + grow > capacity {
-            return Err(NfsStat3::Nospc);
-        }
+        self.reserve(grow)?;
+        // What the blocks came to hold, less what they held: at most
+        // `grow`; the rest of the reservation goes back.
+        let mut net = 0u64;
+        let r = self.fill_blocks(f, offset, data, &mut net);
+        self.used_bytes
+            .fetch_add(net.wrapping_sub(grow), Ordering::Relaxed);
+        r
+    }
+
+    /// The copying (or adopting) part of `write_blocks`; `net` counts the
+    /// change in memory held (modulo 2^64: it may shrink).
+    fn fill_blocks(
+        &self,
+        f: &mut FileData,
+        offset: u64,
+        data: &Payload,
+        net: &mut u64,
+    ) -> SResult<()> {
+        let end = offset + data.len() as u64;
+        let new_size = f.size.max(end);
+        let first = offset / BLOCK_SIZE as u64;
+        let last = (end - 1) / BLOCK_SIZE as u64;
         let landing = data
             .attachment()
             .and_then(|a| a.downcast_ref::<blocks::LandingBlocks>());
@@ -1378,7 +1480,8 @@ impl Fs {
                     .flatten()
             }) {
                 src.skip(BLOCK_SIZE);
-                self.write_adopted += BLOCK_SIZE as u64;
+                self.write_adopted
+                    .fetch_add(BLOCK_SIZE as u64, Ordering::Relaxed);
                 FileBlock::Whole(b.clone())
             } else if matches!(old, Some(FileBlock::Pages(_)))
                 || landing.is_some_and(|l| src.pages_from(l, in_block, end_in_block))
@@ -1397,7 +1500,7 @@ impl Fs {
                     {
                         pages[pi] = Some(p);
                         src.skip(PAGE);
-                        self.write_adopted += PAGE as u64;
+                        self.write_adopted.fetch_add(PAGE as u64, Ordering::Relaxed);
                     } else {
                         let mut page = match pages[pi].take() {
                             Some(p) if !p.is_shared() => p,
@@ -1407,16 +1510,12 @@ impl Fs {
                         let dst = page.get_mut().expect("page is unique here");
                         let n = page_end - at;
                         src.copy_to(&mut dst[at % PAGE..at % PAGE + n]);
-                        self.write_copied += n as u64;
+                        self.write_copied.fetch_add(n as u64, Ordering::Relaxed);
                         pages[pi] = Some(page);
                     }
                     at = page_end;
                 }
-                settle(
-                    FileBlock::from_pages(pages),
-                    source,
-                    &mut self.write_compacted,
-                )?
+                settle(FileBlock::from_pages(pages), source, &self.write_compacted)?
             } else {
                 let mut block = match old {
                     None => Block::new(source, want).ok_or(NfsStat3::Nospc)?,
@@ -1431,12 +1530,13 @@ impl Fs {
                 };
                 let dst = block.get_mut().expect("block is unique here");
                 src.copy_to(&mut dst[in_block..end_in_block]);
-                self.write_copied += (end_in_block - in_block) as u64;
+                self.write_copied
+                    .fetch_add((end_in_block - in_block) as u64, Ordering::Relaxed);
                 FileBlock::Whole(block)
             };
             let new_pinned = new.pinned() as u64;
             f.used = f.used + new_pinned - old_pinned;
-            self.used_bytes = self.used_bytes + new_pinned - old_pinned;
+            *net = net.wrapping_add(new_pinned).wrapping_sub(old_pinned);
             pos = block_start + end_in_block as u64;
             f.blocks.insert(bi, new);
         }
@@ -1449,10 +1549,8 @@ impl Fs {
             return Err(NfsStat3::Fbig);
         }
         let null = self.config.null;
-        let i = self.slots[ino.0 as usize]
-            .inode
-            .as_mut()
-            .ok_or(NfsStat3::Stale)?;
+        let mut guard = self.inode_write(ino)?;
+        let i = &mut *guard;
         let Content::File(f) = &mut i.content else {
             return Err(NfsStat3::Inval);
         };
@@ -1494,13 +1592,14 @@ impl Fs {
                     _ => {}
                 }
                 if let Some(b) = f.blocks.remove(&(keep_blocks - 1)) {
-                    let b = settle(b, source, &mut self.write_compacted)?;
+                    let b = settle(b, source, &self.write_compacted)?;
                     f.blocks.insert(keep_blocks - 1, b);
                 }
             }
             let before = f.used;
             f.used = f.blocks.values().map(|b| b.pinned() as u64).sum();
-            self.used_bytes = self.used_bytes - before + f.used;
+            self.used_bytes.fetch_add(f.used, Ordering::Relaxed);
+            self.used_bytes.fetch_sub(before, Ordering::Relaxed);
         }
         f.size = size;
         let t = now();
@@ -1510,18 +1609,17 @@ impl Fs {
     }
 
     /// The file `ino`, if it is one and `cred` may write it.
-    fn file_to_write(&self, ino: Ino, cred: &Cred) -> SResult<&FileData> {
-        let i = self.inode(ino)?;
-        let Content::File(f) = &i.content else {
-            return Err(match i.content {
-                Content::Dir(_) => NfsStat3::Isdir,
-                _ => NfsStat3::Inval,
-            });
-        };
-        if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
-            return Err(NfsStat3::Acces);
-        }
-        Ok(f)
+    fn file_to_write(&self, ino: Ino, cred: &Cred) -> SResult<MappedRwLockReadGuard<'_, FileData>> {
+        let may = |i: &Inode| cred.uid == i.attr.uid || mode_allows(&i.attr, cred, 2);
+        InodeRead::try_map(self.inode(ino)?, |i| match &i.content {
+            Content::File(f) if may(i) => Some(f),
+            _ => None,
+        })
+        .map_err(|i| match i.content {
+            Content::File(_) => NfsStat3::Acces,
+            Content::Dir(_) => NfsStat3::Isdir,
+            _ => NfsStat3::Inval,
+        })
     }
 
     /// Frees `[offset, offset + length)` of a file (NFSv4.2 DEALLOCATE,
@@ -1547,13 +1645,10 @@ impl Fs {
                     Content::File(f) if f.blocks.contains_key(&(from / blk)));
                 if from < to && held {
                     let zeros = Payload::from_parts([self.zeros.get((to - from) as usize)]);
-                    self.write_blocks(ino, from, &zeros)?;
+                    self.write_file_blocks(ino, from, &zeros)?;
                 }
             }
-            let i = self.slots[ino.0 as usize]
-                .inode
-                .as_mut()
-                .ok_or(NfsStat3::Stale)?;
+            let mut i = self.inode_write(ino)?;
             if let (Content::File(f), true) = (&mut i.content, first_whole < end_whole) {
                 let dropped: Vec<u64> = f
                     .blocks
@@ -1564,7 +1659,7 @@ impl Fs {
                     if let Some(b) = f.blocks.remove(&k) {
                         let freed = b.pinned() as u64;
                         f.used -= freed;
-                        self.used_bytes -= freed;
+                        self.used_bytes.fetch_sub(freed, Ordering::Relaxed);
                     }
                 }
             }
@@ -1595,7 +1690,10 @@ impl Fs {
             } else {
                 let (first, last) = (offset / blk, (end - 1) / blk);
                 let held = f.blocks.range(first..=last).count() as u64;
-                let free = self.config.capacity_bytes.saturating_sub(self.used_bytes);
+                let free = self
+                    .config
+                    .capacity_bytes
+                    .saturating_sub(self.used_bytes.load(Ordering::Relaxed));
                 if (last - first + 1 - held).saturating_mul(blk) > free {
                     return Err(NfsStat3::Nospc);
                 }
@@ -1607,7 +1705,7 @@ impl Fs {
         for k in missing {
             let (from, to) = ((k * blk).max(offset), ((k + 1) * blk).min(end));
             let zeros = Payload::from_parts([self.zeros.get((to - from) as usize)]);
-            self.write_blocks(ino, from, &zeros)?;
+            self.write_file_blocks(ino, from, &zeros)?;
         }
         let t = now();
         let i = self.inode_mut(ino)?;
@@ -1645,7 +1743,7 @@ impl Fs {
         if end > MAX_FILE_SIZE {
             return Err(NfsStat3::Fbig);
         }
-        self.file_to_write(dst, cred)?;
+        drop(self.file_to_write(dst, cred)?);
         let src_size = self.file_to_read(src)?.size;
         if src_off.checked_add(count).is_none_or(|e| e > src_size) {
             return Err(NfsStat3::Inval);
@@ -1668,7 +1766,7 @@ impl Fs {
             // are (a block they share with the destination is copied on
             // write, not changed under them).
             let (data, _) = self.read(src, cred, s, n)?;
-            self.write_blocks(dst, d, &data)?;
+            self.write_file_blocks(dst, d, &data)?;
             done += u64::from(n);
         }
         let t = now();
@@ -1681,12 +1779,16 @@ impl Fs {
         Ok(())
     }
 
-    fn file_to_read(&self, ino: Ino) -> SResult<&FileData> {
-        match &self.inode(ino)?.content {
-            Content::File(f) => Ok(f),
-            Content::Dir(_) => Err(NfsStat3::Isdir),
-            _ => Err(NfsStat3::Inval),
-        }
+    /// The file `ino`, if it is one.
+    fn file_to_read(&self, ino: Ino) -> SResult<MappedRwLockReadGuard<'_, FileData>> {
+        InodeRead::try_map(self.inode(ino)?, |i| match &i.content {
+            Content::File(f) => Some(f),
+            _ => None,
+        })
+        .map_err(|i| match i.content {
+            Content::Dir(_) => NfsStat3::Isdir,
+            _ => NfsStat3::Inval,
+        })
     }
 
     /// Block `dk` of `dst` becomes block `sk` of `src`, shared (or a hole
@@ -1698,11 +1800,9 @@ impl Fs {
             return Ok(false);
         }
         let add = block.as_ref().map_or(0, FileBlock::pinned) as u64;
-        let (capacity, used) = (self.config.capacity_bytes, self.used_bytes);
-        let i = self.slots[dst.0 as usize]
-            .inode
-            .as_mut()
-            .ok_or(NfsStat3::Stale)?;
+        let capacity = self.config.capacity_bytes;
+        let used = self.used_bytes.load(Ordering::Relaxed);
+        let mut i = self.inode_write(dst)?;
         let Content::File(f) = &mut i.content else {
             return Err(NfsStat3::Inval);
         };
@@ -1715,7 +1815,8 @@ impl Fs {
             None => f.blocks.remove(&dk),
         };
         f.used = f.used + add - old;
-        self.used_bytes = self.used_bytes + add - old;
+        self.used_bytes.fetch_add(add, Ordering::Relaxed);
+        self.used_bytes.fetch_sub(old, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -1765,13 +1866,19 @@ impl Fs {
     /// WRITE data bytes (copied into file blocks, taken over without a
     /// copy) since the store was created.
     pub fn write_stats(&self) -> (u64, u64) {
-        (self.write_copied, self.write_adopted)
+        (
+            self.write_copied.load(Ordering::Relaxed),
+            self.write_adopted.load(Ordering::Relaxed),
+        )
     }
 
     /// A null export's bytes since the store was created: (READ bytes
     /// answered with zeros, WRITE bytes discarded); zeros for any other.
     pub fn null_stats(&self) -> (u64, u64) {
-        (self.null_read.load(Ordering::Relaxed), self.null_discarded)
+        (
+            self.null_read.load(Ordering::Relaxed),
+            self.null_discarded.load(Ordering::Relaxed),
+        )
     }
 
     /// True when `part` (of a READ's data) is a slice of the store's one
@@ -1784,17 +1891,28 @@ impl Fs {
     /// created: pages that kept more than twice a whole block's memory
     /// alive (see `settle`).
     pub fn compacted_bytes(&self) -> u64 {
-        self.write_compacted
+        self.write_compacted.load(Ordering::Relaxed)
     }
 
     /// (total bytes, free bytes, total inodes, free inodes).
     pub fn fsstat(&self) -> (u64, u64, u64, u64) {
         (
             self.config.capacity_bytes,
-            self.config.capacity_bytes.saturating_sub(self.used_bytes),
+            self.config
+                .capacity_bytes
+                .saturating_sub(self.used_bytes.load(Ordering::Relaxed)),
             self.config.max_inodes,
             self.config.max_inodes.saturating_sub(self.inodes),
         )
+    }
+}
+
+/// The attributes of `a` a client checks its cache with.
+fn wcc_of(a: &Fattr3) -> WccAttr {
+    WccAttr {
+        size: a.size,
+        mtime: a.mtime,
+        ctime: a.ctime,
     }
 }
 
@@ -1832,5 +1950,7 @@ fn mode_allows(a: &Attr, c: &Cred, want: u32) -> bool {
     bits & want == want
 }
 
+#[cfg(test)]
+mod concurrent_tests;
 #[cfg(test)]
 mod tests;

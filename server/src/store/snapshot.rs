@@ -104,7 +104,12 @@ impl Fs {
             w.u32(slot.generation)?;
             // A file kept only while open (unlinked) is not saved: its
             // opens end with this instance.
-            let Some(i) = slot.inode.as_ref().filter(|i| i.attr.nlink > 0) else {
+            let Some(i) = slot
+                .inode
+                .as_ref()
+                .map(|i| i.read())
+                .filter(|i| i.attr.nlink > 0)
+            else {
                 w.u8(0)?;
                 continue;
             };
@@ -159,9 +164,10 @@ impl Fs {
 }
 
 impl Store {
-    /// Writes the store to `out` (under the read lock: a consistent image).
+    /// Writes the store to `out` (under the exclusive lock, as WRITEs
+    /// change files under the shared one: a consistent image).
     pub fn snapshot(&self, out: &mut impl Write) -> io::Result<()> {
-        self.read().snapshot(out)
+        self.write().snapshot(out)
     }
 
     /// A store loaded from a snapshot. `config` gives the limits; its fsid
@@ -195,22 +201,22 @@ impl Store {
             slots: Vec::with_capacity(nslots),
             free: Vec::new(),
             inodes: 0,
-            used_bytes: 0,
+            used_bytes: AtomicU64::new(0),
             source,
             handle_key,
-            write_copied: 0,
-            write_compacted: 0,
-            write_adopted: 0,
+            write_copied: AtomicU64::new(0),
+            write_compacted: AtomicU64::new(0),
+            write_adopted: AtomicU64::new(0),
             zeros,
             null_read: AtomicU64::new(0),
-            null_discarded: 0,
+            null_discarded: AtomicU64::new(0),
             held: HashSet::new(),
         };
         for idx in 0..nslots {
             let generation = r.u32()?;
             let inode = match r.u8()? {
                 0 => None,
-                1 => Some(read_inode(&mut r, &mut fs, nslots)?),
+                1 => Some(InodeLock::new(read_inode(&mut r, &mut fs, nslots)?)),
                 _ => return Err(SnapshotError::Format("slot tag")),
             };
             if inode.is_some() {
@@ -221,7 +227,7 @@ impl Store {
             fs.slots.push(Slot { generation, inode });
         }
         if !matches!(
-            fs.slots[0].inode.as_ref().map(|i| &i.content),
+            fs.slots[0].inode.as_mut().map(|i| &i.get_mut().content),
             Some(Content::Dir(_))
         ) {
             return Err(SnapshotError::Format("no root directory"));
@@ -286,7 +292,7 @@ fn read_inode<T: Read>(
                 if !data.len().is_power_of_two() || data.len() < blocks::MIN_BLOCK {
                     return Err(SnapshotError::Format("block size"));
                 }
-                if fs.used_bytes + used + data.len() as u64 > fs.config.capacity_bytes {
+                if *fs.used_bytes.get_mut() + used + data.len() as u64 > fs.config.capacity_bytes {
                     return Err(SnapshotError::Capacity);
                 }
                 let mut b =
@@ -295,7 +301,7 @@ fn read_inode<T: Read>(
                 used += data.len() as u64;
                 blocks.insert(idx, FileBlock::Whole(b));
             }
-            fs.used_bytes += used;
+            *fs.used_bytes.get_mut() += used;
             Content::File(FileData {
                 size,
                 blocks,

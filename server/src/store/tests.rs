@@ -16,7 +16,7 @@ fn user(uid: u32) -> Cred {
     }
 }
 
-fn mkfile(fs: &mut Fs, dir: Ino, name: &str) -> Ino {
+pub(super) fn mkfile(fs: &mut Fs, dir: Ino, name: &str) -> Ino {
     fs.create(
         dir,
         name.as_bytes(),
@@ -53,7 +53,7 @@ fn write(fs: &mut Fs, ino: Ino, off: u64, data: &[u8]) {
         .unwrap();
 }
 
-fn read(fs: &Fs, ino: Ino, off: u64, n: u32) -> (Vec<u8>, bool) {
+pub(super) fn read(fs: &Fs, ino: Ino, off: u64, n: u32) -> (Vec<u8>, bool) {
     let (p, eof) = fs.read(ino, &Cred::root(), off, n).unwrap();
     (p.bytes().collect(), eof)
 }
@@ -1131,7 +1131,7 @@ fn snapshot_restores_tree_data_handles_and_cookies() {
 /// WRITE data as the RDMA transport lands it: a head up to the next
 /// 64 KiB boundary of the file, then 64 KiB pieces, each in a block of its
 /// own (a power of two of at least 4 KiB).
-fn land_like_rdma(offset: u64, data: &[u8]) -> Payload {
+pub(super) fn land_like_rdma(offset: u64, data: &[u8]) -> Payload {
     use blocks::BLOCK_SIZE;
     let skew = (offset % BLOCK_SIZE as u64) as usize;
     let mut n = data.len().min(BLOCK_SIZE - skew);
@@ -1151,13 +1151,13 @@ fn land_like_rdma(offset: u64, data: &[u8]) -> Payload {
 }
 
 #[derive(Debug, Clone)]
-enum DataOp {
+pub(super) enum DataOp {
     Write { off: u64, len: usize, landed: bool },
     Truncate(u64),
     Read { off: u64, len: u32, hold: bool },
 }
 
-fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
+pub(super) fn data_op() -> impl proptest::strategy::Strategy<Value = DataOp> {
     use proptest::prelude::*;
     // Offsets and lengths mostly in whole pages, as clients send them.
     let off = prop_oneof![

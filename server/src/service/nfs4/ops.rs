@@ -464,7 +464,8 @@ impl Service {
         if a.data.len() > self.config.max_io as usize {
             return Err(Status::INVAL);
         }
-        let mut fs = t.ex.store.write();
+        // The store's shared lock: the file alone is locked while it changes.
+        let fs = t.ex.store.read();
         need_file(&fs, ino)?;
         self.nfs4
             .state
@@ -1101,7 +1102,7 @@ impl Service {
         let mut done = 0u64;
         while a.src_offset + done < end {
             let n = (end - a.src_offset - done).min(u64::from(self.config.max_io)) as u32;
-            let mut fs = t.ex.store.write();
+            let fs = t.ex.store.read();
             let (data, _) = fs.read(src, &t.cred, a.src_offset + done, n).map_err(st)?;
             let data = Payload::from_parts([data.to_contiguous()]);
             if data.is_empty() {

@@ -1,0 +1,168 @@
+//! The store under calls from several threads at once, as the service
+//! makes them (WRITE and READ under the store's shared lock, truncation
+//! under its exclusive one), checked against the same byte-array model as
+//! the single-threaded tests.
+
+use super::tests::{data_op, land_like_rdma, mkfile, read, DataOp};
+use super::*;
+use proptest::prelude::*;
+
+const THREADS: usize = 3;
+/// Each thread's stretch of the file they all write: not a multiple of the
+/// block size, so that neighbours share blocks.
+const REGION: u64 = 100_000;
+
+/// What one thread did: its own file's contents, and its stretch of the
+/// shared file.
+struct Outcome {
+    own: Vec<u8>,
+    region: Vec<u8>,
+    held: Vec<(Payload, Vec<u8>)>,
+}
+
+fn data(fill: u8, len: usize, off: u64, landed: bool) -> (Payload, Vec<u8>) {
+    let d: Vec<u8> = (0..len).map(|i| fill ^ (i / 4096) as u8).collect();
+    let p = if landed {
+        land_like_rdma(off, &d)
+    } else {
+        Payload::from(d.clone())
+    };
+    (p, d)
+}
+
+/// Applies `ops` to the thread's file `f` and to its stretch of `shared`.
+/// A WRITE refused for want of space (a small store) must change nothing.
+fn run(s: &Store, me: usize, f: Ino, shared: Ino, ops: Vec<DataOp>) -> Result<Outcome, String> {
+    let root = Cred::root();
+    let mut own: Vec<u8> = Vec::new();
+    let mut region = vec![0u8; REGION as usize];
+    let mut held = Vec::new();
+    let mut fill = (me as u8) * 80;
+    for op in ops {
+        match op {
+            DataOp::Write { off, len, landed } => {
+                fill = fill.wrapping_add(1).max(1);
+                let (p, d) = data(fill, len, off, landed);
+                match s.read().write(f, &root, off, &p) {
+                    Ok(()) => {
+                        let end = off as usize + len;
+                        if own.len() < end {
+                            own.resize(end, 0);
+                        }
+                        own[off as usize..end].copy_from_slice(&d);
+                    }
+                    Err(NfsStat3::Nospc) => {}
+                    Err(e) => return Err(format!("WRITE: {e:?}")),
+                }
+                // The same bytes into this thread's stretch of the shared file.
+                let at = off % REGION;
+                let n = (len as u64).min(REGION - at) as usize;
+                let (p, d) = data(fill, n, me as u64 * REGION + at, landed);
+                match s.read().write(shared, &root, me as u64 * REGION + at, &p) {
+                    Ok(()) => region[at as usize..at as usize + n].copy_from_slice(&d),
+                    Err(NfsStat3::Nospc) => {}
+                    Err(e) => return Err(format!("shared WRITE: {e:?}")),
+                }
+            }
+            DataOp::Truncate(size) => {
+                let sa = Sattr3 {
+                    size: Some(size),
+                    ..Sattr3::default()
+                };
+                match s.write().setattr(f, &root, &sa, None) {
+                    Ok(()) => own.resize(size as usize, 0),
+                    Err(NfsStat3::Nospc) => {}
+                    Err(e) => return Err(format!("truncate: {e:?}")),
+                }
+            }
+            DataOp::Read { off, len, hold } => {
+                let (r, eof) = s
+                    .read()
+                    .read(f, &root, off, len)
+                    .map_err(|e| format!("READ: {e:?}"))?;
+                let start = (off as usize).min(own.len());
+                let end = (off as usize + len as usize).min(own.len());
+                let want = own[start..end].to_vec();
+                if r.bytes().collect::<Vec<u8>>() != want || eof != (end == own.len()) {
+                    return Err(format!("READ of {len} at {off} differs from the model"));
+                }
+                if hold {
+                    held.push((r, want));
+                }
+            }
+        }
+        let size = s.read().getattr(f).map_err(|e| format!("{e:?}"))?.size;
+        if size != own.len() as u64 {
+            return Err(format!("size {size}, model {}", own.len()));
+        }
+    }
+    Ok(Outcome { own, region, held })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Three threads each write, truncate and read a file of their own
+    /// and write their own stretch of one shared file, all at once: every
+    /// file reads back as its model, held reads never change, the space
+    /// the store counts in use is what its files hold (also when a small
+    /// store refuses some writes), and removing the files gives it all
+    /// back.
+    #[test]
+    fn files_written_from_several_threads_at_once_match_the_model(
+        ops in proptest::collection::vec(proptest::collection::vec(data_op(), 1..30), THREADS),
+        small in any::<bool>(),
+    ) {
+        let s = Store::new(StoreConfig {
+            capacity_bytes: if small { 1 << 20 } else { 4 << 30 },
+            ..StoreConfig::default()
+        });
+        let (root, files, shared) = {
+            let mut fs = s.write();
+            let root = fs.root();
+            let files: Vec<Ino> = (0..THREADS)
+                .map(|i| mkfile(&mut fs, root, &format!("f{i}")))
+                .collect();
+            let shared = mkfile(&mut fs, root, "shared");
+            (root, files, shared)
+        };
+        let outcomes: Vec<Result<Outcome, String>> = std::thread::scope(|sc| {
+            let s = &s;
+            let handles: Vec<_> = ops
+                .into_iter()
+                .enumerate()
+                .map(|(me, ops)| {
+                    let f = files[me];
+                    sc.spawn(move || run(s, me, f, shared, ops))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+        });
+        let mut fs = s.write();
+        let mut used = 0;
+        for (me, o) in outcomes.into_iter().enumerate() {
+            let o = o.map_err(TestCaseError::fail)?;
+            let (all, _) = read(&fs, files[me], 0, o.own.len() as u32 + 1);
+            prop_assert!(all == o.own, "file {} differs from its model", me);
+            let (got, _) = read(&fs, shared, me as u64 * REGION, REGION as u32);
+            let mut want = o.region.clone();
+            want.truncate(got.len());
+            prop_assert!(got == want, "stretch {} of the shared file differs", me);
+            prop_assert!(o.region[got.len()..].iter().all(|b| *b == 0));
+            for (r, want) in &o.held {
+                prop_assert_eq!(&r.bytes().collect::<Vec<u8>>(), want);
+            }
+            used += fs.getattr(files[me]).unwrap().used;
+        }
+        used += fs.getattr(shared).unwrap().used;
+        let counted = fs.used_bytes.load(Ordering::Relaxed);
+        prop_assert_eq!(counted, used, "space in use against the files' own counts");
+        prop_assert!(counted <= fs.config.capacity_bytes, "{} bytes in use, more than the capacity", counted);
+        for i in 0..THREADS {
+            fs.remove(root, format!("f{i}").as_bytes(), &Cred::root()).unwrap();
+        }
+        fs.remove(root, b"shared", &Cred::root()).unwrap();
+        let (total, free, _, _) = fs.fsstat();
+        prop_assert_eq!(total, free);
+    }
+}
