@@ -463,9 +463,15 @@ impl Service {
             size,
         });
         if let Some(k) = drc_key {
-            let mut body = bytes::BytesMut::new();
+            // Sized first: grown from nothing, the buffer was reallocated
+            // four or five times for a WRITE's ~150 bytes.
+            let mut body = bytes::BytesMut::with_capacity(reply.encoded_len());
             reply.encode_body(&mut body);
-            self.drc.complete(&k, body.freeze());
+            let body = body.freeze();
+            self.drc.complete(&k, body.clone());
+            // Sent as cached: encoded once. (No non-idempotent procedure
+            // has a DDP-eligible result that a transport would look for.)
+            reply.body = ReplyBody::Raw(body);
         }
         Some(reply)
     }

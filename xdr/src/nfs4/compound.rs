@@ -542,6 +542,8 @@ impl Compound4Args {
         if n > MAX_OPS {
             return Ok((args, Some(OpsCut::TooMany(n))));
         }
+        // Room for the operations there can be: each takes 4 bytes at least.
+        args.ops.reserve_exact((n as usize).min(d.remaining() / 4));
         for at in 0..n as usize {
             let start_op = d.clone().u32("nfs_opnum4").unwrap_or(0);
             match ArgOp::decode(d) {

@@ -6,6 +6,7 @@
 //! [`pseudo`] and the operations in `ops`.
 
 pub mod attrs;
+mod issued;
 mod ops;
 pub mod pseudo;
 pub mod state;
@@ -197,7 +198,9 @@ impl Service {
         let mut res = Compound4Res {
             status: Status::OK,
             tag: a.tag.clone(),
-            results: Vec::new(),
+            // One result per operation (their number is bounded by the
+            // decoder), and one for arguments that did not decode.
+            results: Vec::with_capacity(a.ops.len() + 1),
         };
         let minor_ok = match a.minorversion {
             1 => v4.config.v41,
@@ -212,7 +215,8 @@ impl Service {
             res.status = Status::TOO_MANY_OPS;
             return res;
         }
-        if v4.state.sweep(Instant::now()) {
+        let now = Instant::now();
+        if v4.state.sweep(now) {
             self.release_closed();
         }
         let mut cx = Cx {
@@ -224,7 +228,9 @@ impl Service {
             saved_sid: None,
             client: None,
         };
-        let mut slot: Option<(SessionId4, u32, bool)> = None;
+        // The slot's session, slot, cachethis, and the session's largest
+        // reply and largest cached reply.
+        let mut slot: Option<(SessionId4, u32, bool, u32, u32)> = None;
         let n = a.ops.len() + usize::from(matches!(cut, Some(OpsCut::Garbage { .. })));
         for (i, op) in a.ops.iter().enumerate() {
             let r = if i == 0 {
@@ -236,11 +242,23 @@ impl Service {
                             s.sequenceid,
                             n,
                             request_len,
+                            now,
                         ) {
                             Ok(SlotCheck::Replay(cached)) => return cached,
-                            Ok(SlotCheck::New { slots }) => {
-                                cx.client = v4.state.session_client(&s.sessionid);
-                                slot = Some((s.sessionid, s.slotid, s.cachethis));
+                            Ok(SlotCheck::New {
+                                slots,
+                                client,
+                                max_response,
+                                max_cached,
+                            }) => {
+                                cx.client = Some(client);
+                                slot = Some((
+                                    s.sessionid,
+                                    s.slotid,
+                                    s.cachethis,
+                                    max_response,
+                                    max_cached,
+                                ));
                                 ResOp::Sequence(Ok(SequenceResOk {
                                     sessionid: s.sessionid,
                                     sequenceid: s.sequenceid,
@@ -289,13 +307,13 @@ impl Service {
             }
         }
         self.release_closed();
-        if let Some((sid, slotid, cachethis)) = slot {
+        if let Some((sid, slotid, cachethis, max_response, max_cached)) = slot {
             let len = res.encoded_len();
-            if len > v4.state.max_response(&sid) as usize {
+            if len > max_response as usize {
                 replace_last(&mut res, Status::REP_TOO_BIG);
             }
             let cache = if cachethis {
-                if res.encoded_len() > v4.state.max_cached(&sid) as usize {
+                if res.encoded_len() > max_cached as usize {
                     replace_last(&mut res, Status::REP_TOO_BIG_TO_CACHE);
                 }
                 Some(res.clone())

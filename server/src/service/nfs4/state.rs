@@ -12,13 +12,14 @@
 //! Everything here is behind one mutex held for a few map operations at a
 //! time, never across a store operation.
 
+use super::issued::IssuedMap;
 use crate::store::Ino;
 use bytes::Bytes;
 use nfsrdma_xdr::nfs4::ops::{ChannelAttrs4, LockDenied};
 use nfsrdma_xdr::nfs4::{
     share, Compound4Res, LockType4, Opaque4, SessionId4, StateOwner4, Stateid4, Status,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -110,12 +111,12 @@ struct Range {
 
 #[derive(Default)]
 struct Tables {
-    clients: HashMap<u64, Client>,
-    sessions: HashMap<SessionId4, Session>,
-    states: HashMap<[u8; 12], StateEntry>,
+    clients: IssuedMap<u64, Client>,
+    sessions: IssuedMap<SessionId4, Session>,
+    states: IssuedMap<[u8; 12], StateEntry>,
     /// Open and lock stateids by file.
-    by_file: HashMap<FileKey, Vec<[u8; 12]>>,
-    locks: HashMap<FileKey, Vec<Range>>,
+    by_file: IssuedMap<FileKey, Vec<[u8; 12]>>,
+    locks: IssuedMap<FileKey, Vec<Range>>,
     next: u64,
     last_sweep: Option<Instant>,
     grace: Option<Grace>,
@@ -167,6 +168,12 @@ pub enum SlotCheck {
     New {
         /// Slots of the session, for the reply.
         slots: u32,
+        /// The session's client.
+        client: u64,
+        /// The session's largest reply.
+        max_response: u32,
+        /// The session's largest cached reply.
+        max_cached: u32,
     },
     /// A retry of a request whose reply is cached: send it again.
     Replay(Compound4Res),
@@ -584,6 +591,7 @@ impl State4 {
 
     /// SEQUENCE's checks (RFC 8881 §2.10.6.1): the session, the slot, the
     /// sequence id; renews the lease.
+    /// `now` renews the lease.
     pub fn sequence(
         &self,
         sid: &SessionId4,
@@ -591,6 +599,7 @@ impl State4 {
         seqid: u32,
         ops: usize,
         request_len: usize,
+        now: Instant,
     ) -> Result<SlotCheck, Status> {
         let mut t = self.lock();
         let Some(s) = t.sessions.get_mut(sid) else {
@@ -604,13 +613,19 @@ impl State4 {
             return Err(Status::REQ_TOO_BIG);
         }
         let client = s.client;
+        let (max_response, max_cached) = (s.fore.maxresponsesize, s.fore.maxresponsesize_cached);
         let Some(sl) = s.slots.get_mut(slot as usize) else {
             return Err(Status::BADSLOT);
         };
         let out = if seqid == sl.seqid.wrapping_add(1) {
             sl.seqid = seqid;
             sl.reply = SlotReply::InProgress;
-            SlotCheck::New { slots: nslots }
+            SlotCheck::New {
+                slots: nslots,
+                client,
+                max_response,
+                max_cached,
+            }
         } else if seqid == sl.seqid {
             match &sl.reply {
                 SlotReply::InProgress => return Err(Status::DELAY),
@@ -622,7 +637,7 @@ impl State4 {
             return Err(Status::SEQ_MISORDERED);
         };
         if let Some(c) = t.clients.get_mut(&client) {
-            c.renewed = Instant::now();
+            c.renewed = now;
         }
         Ok(out)
     }
@@ -642,22 +657,6 @@ impl State4 {
                 None => SlotReply::Uncached,
             };
         }
-    }
-
-    /// The session's largest cached reply.
-    pub fn max_cached(&self, sid: &SessionId4) -> u32 {
-        self.lock()
-            .sessions
-            .get(sid)
-            .map_or(0, |s| s.fore.maxresponsesize_cached)
-    }
-
-    /// The session's largest reply.
-    pub fn max_response(&self, sid: &SessionId4) -> u32 {
-        self.lock()
-            .sessions
-            .get(sid)
-            .map_or(0, |s| s.fore.maxresponsesize)
     }
 
     // ---- opens ---------------------------------------------------------------
