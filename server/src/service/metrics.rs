@@ -3,12 +3,18 @@
 //! each call's turnaround on the server (from its arrival to its reply
 //! posted) by transport, procedure (an NFSv4 COMPOUND's: its main
 //! operation, see [`Procedure::of_compound`]) and size class.
+//!
+//! Counters are atomics. A histogram is kept in a few stripes, each behind
+//! a mutex of its own and made when first recorded into; a thread always
+//! records into the same stripe, and a reader adds them up
+//! ([`Striped`]), so that connections on different cores do not queue for
+//! one lock per procedure.
 
 use hdrhistogram::Histogram;
 use nfsrdma_xdr::nfs3::{NfsProc3, NfsStat3};
 use nfsrdma_xdr::nfs4::{opnum, Status};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -183,16 +189,72 @@ pub struct CallClass {
 const MAX_NS: u64 = 60_000_000_000;
 
 /// A turnaround histogram: nanoseconds from 100 ns to a minute, two
-/// significant digits (about 24 KiB each), made when first recorded into.
+/// significant digits (about 24 KiB each).
 fn turnaround_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(100, MAX_NS, 2).expect("valid bounds")
+}
+
+/// A service-time histogram: nanoseconds from 1 ns to a minute, three
+/// significant digits (about 220 KiB each).
+fn service_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_NS, 3).expect("valid bounds")
+}
+
+/// Stripes of a histogram.
+const STRIPES: usize = 4;
+
+/// The stripe this thread records into: threads take them in turn.
+fn my_stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
+/// A histogram recorded into from many threads (see the module's
+/// documentation).
+struct Striped {
+    stripes: [OnceLock<Mutex<Histogram<u64>>>; STRIPES],
+    make: fn() -> Histogram<u64>,
+}
+
+impl Striped {
+    fn new(make: fn() -> Histogram<u64>) -> Striped {
+        Striped {
+            stripes: Default::default(),
+            make,
+        }
+    }
+
+    /// Records `v` (saturated at the histogram's bounds by the caller).
+    fn record(&self, v: u64) {
+        let h = self.stripes[my_stripe()].get_or_init(|| Mutex::new((self.make)()));
+        let _ = h.lock().unwrap_or_else(|e| e.into_inner()).record(v);
+    }
+
+    /// The stripes added up; `None` when nothing was recorded.
+    fn total(&self) -> Option<Histogram<u64>> {
+        let mut out: Option<Histogram<u64>> = None;
+        for h in self.stripes.iter().filter_map(OnceLock::get) {
+            let h = h.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut out {
+                None => out = Some(h.clone()),
+                // Same bounds: adding cannot fail.
+                Some(o) => {
+                    let _ = o.add(&*h);
+                }
+            }
+        }
+        out
+    }
 }
 
 struct ProcStats {
     calls: AtomicU64,
     errors: AtomicU64,
     /// Service time in nanoseconds.
-    hist: Mutex<Histogram<u64>>,
+    hist: Striped,
 }
 
 /// Counters of one NFSv4 operation.
@@ -209,7 +271,7 @@ pub struct Metrics {
     compounds: AtomicU64,
     compound_errors: AtomicU64,
     /// By transport, procedure and size class (see [`Metrics::slot`]).
-    turnaround: Vec<OnceLock<Mutex<Histogram<u64>>>>,
+    turnaround: Vec<Striped>,
     drc_hits: AtomicU64,
     drc_in_progress: AtomicU64,
     garbage: AtomicU64,
@@ -230,16 +292,14 @@ impl Metrics {
                 .map(|_| ProcStats {
                     calls: AtomicU64::new(0),
                     errors: AtomicU64::new(0),
-                    hist: Mutex::new(
-                        Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
-                    ),
+                    hist: Striped::new(service_histogram),
                 })
                 .collect(),
             ops4: (0..V4_SLOTS).map(|_| OpStats::default()).collect(),
             compounds: AtomicU64::new(0),
             compound_errors: AtomicU64::new(0),
             turnaround: (0..Transport::ALL.len() * Procedure::SLOTS * SizeClass::ALL.len())
-                .map(|_| OnceLock::new())
+                .map(|_| Striped::new(turnaround_histogram))
                 .collect(),
             drc_hits: AtomicU64::new(0),
             drc_in_progress: AtomicU64::new(0),
@@ -254,10 +314,7 @@ impl Metrics {
         if status != NfsStat3::Ok {
             s.errors.fetch_add(1, Ordering::Relaxed);
         }
-        let ns = (took.as_nanos() as u64).clamp(1, 60_000_000_000);
-        if let Ok(mut h) = s.hist.lock() {
-            let _ = h.record(ns);
-        }
+        s.hist.record((took.as_nanos() as u64).clamp(1, MAX_NS));
     }
 
     /// Records one NFSv4 COMPOUND: the status of each operation it ran,
@@ -304,12 +361,7 @@ impl Metrics {
     /// Records one call's turnaround: from its arrival on transport `t`
     /// to its reply posted.
     pub fn record_turnaround(&self, t: Transport, c: CallClass, took: Duration) {
-        let h =
-            self.turnaround[Self::slot(t, c)].get_or_init(|| Mutex::new(turnaround_histogram()));
-        let ns = (took.as_nanos() as u64).clamp(100, MAX_NS);
-        if let Ok(mut h) = h.lock() {
-            let _ = h.record(ns);
-        }
+        self.turnaround[Self::slot(t, c)].record((took.as_nanos() as u64).clamp(100, MAX_NS));
     }
 
     /// A copy of every turnaround histogram recorded into, with what it
@@ -320,8 +372,7 @@ impl Metrics {
             for proc_ in (0..Procedure::SLOTS).map(Procedure::from_index) {
                 for size in SizeClass::ALL {
                     let c = CallClass { proc_, size };
-                    if let Some(h) = self.turnaround[Self::slot(t, c)].get() {
-                        let h = h.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    if let Some(h) = self.turnaround[Self::slot(t, c)].total() {
                         if !h.is_empty() {
                             out.push((t, c, h));
                         }
@@ -353,9 +404,8 @@ impl Metrics {
     pub fn service_time(&self, p: NfsProc3) -> Histogram<u64> {
         self.procs[p as usize]
             .hist
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .total()
+            .unwrap_or_else(service_histogram)
     }
 
     /// Calls of procedure `p` that ended with an error status.
@@ -393,7 +443,7 @@ impl Metrics {
             if calls == 0 {
                 continue;
             }
-            let h = s.hist.lock().unwrap_or_else(|e| e.into_inner());
+            let h = s.hist.total().unwrap_or_else(service_histogram);
             let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
             let _ = writeln!(
                 out,
@@ -459,6 +509,42 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_recorded_from_many_threads_adds_up_every_value() {
+        let m = Metrics::new();
+        std::thread::scope(|s| {
+            for t in 1..=8u64 {
+                let m = &m;
+                s.spawn(move || {
+                    for i in 0..1000 {
+                        m.record(
+                            NfsProc3::Read,
+                            NfsStat3::Ok,
+                            Duration::from_nanos(t * 1000 + i),
+                        );
+                        m.record_turnaround(
+                            Transport::Rdma,
+                            CallClass {
+                                proc_: Procedure::V3(NfsProc3::Read),
+                                size: SizeClass::UpTo4K,
+                            },
+                            Duration::from_micros(t),
+                        );
+                    }
+                });
+            }
+        });
+        let h = m.service_time(NfsProc3::Read);
+        assert_eq!(h.len(), 8000);
+        assert_eq!((h.min(), h.max()), (1000, 8999));
+        assert_eq!(m.calls(NfsProc3::Read), 8000);
+        let t = m.turnarounds();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].2.len(), 8000);
+        assert!(t[0].2.max() >= 8000 && t[0].2.min() <= 1000);
+        assert!(m.service_time(NfsProc3::Write).is_empty());
+    }
 
     #[test]
     fn size_classes_end_at_their_bounds() {
