@@ -20,7 +20,7 @@ use nfsrdma_xdr::nfs4::{
     share, Compound4Res, LockType4, Opaque4, SessionId4, StateOwner4, Stateid4, Status,
 };
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -160,7 +160,15 @@ pub struct State4 {
     /// Set when `Tables::released` gains files, so that the COMPOUND path
     /// looks at the tables only then ([`State4::take_released`]).
     released_any: AtomicBool,
+    /// When the tables were last swept, in nanoseconds after `epoch`
+    /// (`NEVER`: not yet), so that a COMPOUND takes the lock for a sweep
+    /// only once a second ([`State4::sweep`]).
+    swept_at: AtomicU64,
+    epoch: Instant,
 }
+
+/// `State4::swept_at` before the first sweep.
+const NEVER: u64 = u64::MAX;
 
 /// How SEQUENCE's slot check came out.
 pub enum SlotCheck {
@@ -226,6 +234,8 @@ impl State4 {
             lease,
             boot,
             released_any: AtomicBool::new(false),
+            swept_at: AtomicU64::new(NEVER),
+            epoch: Instant::now(),
         }
     }
 
@@ -334,6 +344,12 @@ impl State4 {
     /// and locks (at most once a second; called at every COMPOUND). True
     /// when files lost their last open ([`State4::take_released`]).
     pub fn sweep(&self, now: Instant) -> bool {
+        let at = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let last = self.swept_at.load(Ordering::Relaxed);
+        if last != NEVER && at.saturating_sub(last) < 1_000_000_000 {
+            return false;
+        }
+        self.swept_at.store(at, Ordering::Relaxed);
         let mut t = self.lock();
         if t.last_sweep
             .is_some_and(|l| now.duration_since(l) < Duration::from_secs(1))
@@ -1082,6 +1098,7 @@ impl State4 {
             c.renewed -= by;
         }
         t.last_sweep = None;
+        self.swept_at.store(NEVER, Ordering::Relaxed);
     }
 }
 
@@ -1365,5 +1382,29 @@ fn purge_client(t: &mut Tables, id: u64) {
         .collect();
     for o in mine {
         remove_state(t, &o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client whose lease ran out goes at the first COMPOUND once a
+    /// second has passed since the last sweep, and not before (the check
+    /// that skips the lock must not skip a due sweep).
+    #[test]
+    fn a_lapsed_lease_goes_at_the_first_sweep_a_second_after_the_last() {
+        let s = State4::new(Duration::from_secs(2));
+        let t0 = Instant::now();
+        let owner = Opaque4(Bytes::from_static(b"client"));
+        let (id, _, _) = s.exchange_id(&owner, [1; 8], None, false).unwrap();
+        s.sweep(t0 + Duration::from_millis(1500));
+        assert_eq!(s.counts().0, 1, "swept within its lease");
+        // The lease (2 s) has run out 2.2 s on, but the last sweep was
+        // 0.7 s before: not swept yet.
+        s.sweep(t0 + Duration::from_millis(2200));
+        assert_eq!(s.counts().0, 1, "swept twice within a second");
+        s.sweep(t0 + Duration::from_millis(2600));
+        assert_eq!(s.counts().0, 0, "client {id:#x} outlived its lease");
     }
 }
