@@ -1,10 +1,13 @@
 //! The tmpfs-like in-memory file system behind an export.
 //!
-//! [`Store`] wraps an [`Fs`] in a read-write lock. The NFS service takes the
-//! lock once per call and does everything the call needs under it, so the
-//! weak-cache-consistency attributes it reports (before and after) are
-//! atomic with the operation. Reads share the lock; READ data is returned as
-//! `Bytes` pointing into the file's blocks (see [`blocks`]).
+//! [`Store`] wraps an [`Fs`] in a read-write lock, and each inode has a
+//! read-write lock of its own (see `Slot`). The NFS service takes the
+//! store's lock once per call: shared for calls that look, and for WRITE,
+//! which then locks its file alone ([`Fs::write_wcc`] reads the attributes
+//! before and after with it, so the weak-cache-consistency data stays
+//! atomic with the operation); exclusive for calls that change names or
+//! the inode table. READ data is returned as `Bytes` pointing into the
+//! file's blocks (see [`blocks`]).
 //!
 //! Errors are NFSv3 status codes: the store speaks the protocol's language.
 
