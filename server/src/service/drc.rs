@@ -8,9 +8,9 @@
 //! (enough to tell a reused XID from a retransmission, cheap for 1 MiB
 //! WRITEs).
 //!
-//! The cache is split into shards by XID, each behind a mutex of its own,
-//! so that calls on different connections and cores do not queue for one
-//! lock; each shard drops its oldest calls first.
+//! The cache is split into shards by client address and XID, each behind
+//! a mutex of its own, so that calls on different connections and cores do
+//! not queue for one lock; each shard drops its oldest calls first.
 
 use bytes::Bytes;
 use std::collections::hash_map::Entry as MapEntry;
@@ -82,13 +82,13 @@ enum Entry {
 struct Inner {
     map: HashMap<DrcKey, Entry>,
     order: VecDeque<DrcKey>,
+    /// Calls this shard keeps.
+    capacity: usize,
 }
 
 /// A bounded cache of recent non-idempotent calls.
 pub struct Drc {
     shards: Box<[Mutex<Inner>]>,
-    /// Calls each shard keeps.
-    per_shard: usize,
     hits: AtomicU64,
 }
 
@@ -100,21 +100,37 @@ impl Drc {
         let shards = capacity.min(SHARDS);
         Drc {
             shards: (0..shards)
-                .map(|_| {
+                .map(|i| {
                     Mutex::new(Inner {
                         map: HashMap::new(),
                         order: VecDeque::new(),
+                        capacity: capacity / shards + usize::from(i < capacity % shards),
                     })
                 })
                 .collect(),
-            per_shard: capacity / shards,
             hits: AtomicU64::new(0),
         }
     }
 
+    /// The shard of a call: its client's address and XID mixed, so that
+    /// XIDs whose low bits never change (a slot number there) still spread.
+    fn shard_of(&self, k: &DrcKey) -> usize {
+        let ip = match k.ip {
+            IpAddr::V4(a) => u64::from(u32::from(a)),
+            IpAddr::V6(a) => {
+                let v = u128::from(a);
+                (v as u64) ^ ((v >> 64) as u64)
+            }
+        };
+        let mixed =
+            (ip ^ (u64::from(k.xid) << 32 | u64::from(k.xid))).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (mixed >> 32) as usize % self.shards.len()
+    }
+
     fn lock(&self, k: &DrcKey) -> std::sync::MutexGuard<'_, Inner> {
-        let shard = &self.shards[k.xid as usize % self.shards.len()];
-        shard.lock().unwrap_or_else(|p| p.into_inner())
+        self.shards[self.shard_of(k)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Looks a call up, registering it as in progress when new.
@@ -133,7 +149,7 @@ impl Drc {
             }
         }
         g.order.push_back(k.clone());
-        while g.order.len() > self.per_shard {
+        while g.order.len() > g.capacity {
             if let Some(old) = g.order.pop_front() {
                 g.map.remove(&old);
             }
@@ -253,19 +269,22 @@ mod tests {
         assert_eq!(d.begin(&k3), DrcLookup::Done(Bytes::from_static(b"reply")));
     }
 
-    /// Four threads' calls at once, each thread's XIDs in a shard of
-    /// their own: each call is caught when sent again right after, and the
-    /// cache never holds more than its capacity.
+    /// Four threads' calls at once over a small cache: a call sent again
+    /// right after it completed is answered with its own reply, or (pushed
+    /// out by newer calls in its shard) runs as new; never with another
+    /// call's reply. The cache never holds more than its capacity.
     #[test]
-    fn calls_from_several_threads_are_caught_within_the_capacity() {
-        let d = Drc::new(64);
-        assert_eq!(d.shards.len(), SHARDS);
+    fn calls_from_several_threads_get_their_own_replies_within_the_capacity() {
+        let d = Drc::new(50);
+        let caught = AtomicU64::new(0);
         std::thread::scope(|s| {
             for t in 0..4u32 {
-                let d = &d;
+                let (d, caught) = (&d, &caught);
                 s.spawn(move || {
                     for i in 0..2000u32 {
-                        let xid = i * SHARDS as u32 + t;
+                        // XIDs whose low bits are the thread's: the shards
+                        // must still be used evenly.
+                        let xid = i << 8 | t;
                         let k = DrcKey::new(
                             "10.0.0.1".parse().unwrap(),
                             xid,
@@ -275,14 +294,41 @@ mod tests {
                         assert_eq!(d.begin(&k), DrcLookup::New);
                         let reply = Bytes::from(xid.to_le_bytes().to_vec());
                         d.complete(&k, reply.clone());
-                        assert_eq!(d.begin(&k), DrcLookup::Done(reply));
-                        assert!(d.len() <= 64);
+                        match d.begin(&k) {
+                            DrcLookup::Done(r) => {
+                                assert_eq!(r, reply);
+                                caught.fetch_add(1, Ordering::Relaxed);
+                            }
+                            DrcLookup::New => d.abandon(&k),
+                            DrcLookup::InProgress => panic!("call {xid:#x} still in progress"),
+                        }
+                        assert!(d.len() <= 50);
                     }
                 });
             }
         });
-        // Four shards used, four calls kept in each.
-        assert_eq!(d.len(), 16);
-        assert_eq!(d.hits(), 8000);
+        assert_eq!(d.hits(), caught.load(Ordering::Relaxed));
+        assert!(caught.load(Ordering::Relaxed) > 0);
+        assert!(!d.is_empty() && d.len() <= 50);
+        // The XIDs above differ only above their low byte, yet every shard
+        // takes its share of them.
+        let mut per = [0u32; SHARDS];
+        for t in 0..4u32 {
+            for i in 0..2000u32 {
+                let k = DrcKey::new("10.0.0.1".parse().unwrap(), i << 8 | t, 7, Bytes::new());
+                per[d.shard_of(&k)] += 1;
+            }
+        }
+        assert!(per.iter().all(|n| (350..=650).contains(n)), "{per:?}");
+        let sizes: Vec<usize> = d
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().capacity)
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 50);
+        assert_eq!(
+            (sizes.iter().min(), sizes.iter().max()),
+            (Some(&3), Some(&4))
+        );
     }
 }

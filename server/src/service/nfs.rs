@@ -252,9 +252,8 @@ impl Service {
         let (before, r, after) = match checked {
             Ok(()) => fs.write_wcc(ino, &t.cred, a.offset, &a.data),
             Err(e) => {
-                let attrs = fs.getattr(ino).ok();
                 let before = fs.wcc_attr(ino);
-                (before, Err(e), attrs)
+                (before, Err(e), fs.getattr(ino).ok())
             }
         };
         let file_wcc = WccData { before, after };

@@ -1,7 +1,8 @@
 //! Calls on different files run at once: a WRITE held up inside one file
 //! (its block memory slow to come) holds up neither READs and WRITEs of
-//! other files nor lookups, while a READ of the same file waits for it and
-//! sees it whole. Shown by the order in which things finish, not by time.
+//! other files nor lookups, while a READ of the same file sent meanwhile
+//! cannot finish before it and sees it whole. Shown by the order in which
+//! things finish, not by time.
 
 use super::tests::T;
 use super::*;

@@ -677,6 +677,12 @@ impl Fs {
         Ok(self.inode(ino)?.attr.change)
     }
 
+    /// The attributes of `ino` and its change attribute, read together.
+    pub fn getattr_change(&self, ino: Ino) -> SResult<(Fattr3, u64)> {
+        let i = self.inode(ino)?;
+        Ok((self.fattr(ino, &i), i.attr.change))
+    }
+
     /// The attributes a client checks its cache with.
     pub fn wcc_attr(&self, ino: Ino) -> Option<WccAttr> {
         self.getattr(ino).ok().as_ref().map(wcc_of)
@@ -1404,62 +1410,107 @@ impl Fs {
     }
 
     fn write_blocks(&self, f: &mut FileData, offset: u64, data: &Payload) -> SResult<()> {
+        let landing = data
+            .attachment()
+            .and_then(|a| a.downcast_ref::<blocks::LandingBlocks>());
+        // Taking landed pages over may pin more memory than copying them
+        // would: when the store cannot set that much aside, the data is
+        // copied instead, so that a WRITE is refused only when a copy would
+        // not fit either.
+        if let Some(l) = landing {
+            let grow = self.most_needed(f, offset, data, Some(l));
+            if self.reserve(grow).is_ok() {
+                return self.fill_reserved(f, offset, data, Some(l), grow);
+            }
+        }
+        let grow = self.most_needed(f, offset, data, None);
+        self.reserve(grow)?;
+        self.fill_reserved(f, offset, data, None, grow)
+    }
+
+    /// The most block memory writing `data` at `offset` can add to the
+    /// file, worked out before anything changes (so that NFS3ERR_NOSPC
+    /// leaves the file untouched), block by block as `fill_blocks` will
+    /// write it: a whole landing block taken over, one block; landed pages
+    /// taken over, up to two blocks (a page keeps all of its landing block
+    /// alive; `settle` gathers a block that pins more); pages copied,
+    /// a page each; a whole block copied, its size.
+    fn most_needed(
+        &self,
+        f: &FileData,
+        offset: u64,
+        data: &Payload,
+        landing: Option<&blocks::LandingBlocks>,
+    ) -> u64 {
         let end = offset + data.len() as u64;
         let new_size = f.size.max(end);
         let first = offset / BLOCK_SIZE as u64;
         let last = (end - 1) / BLOCK_SIZE as u64;
-        // Work out the memory needed first (at most), so that NFS3ERR_NOSPC
-        // leaves the file untouched. A page taken over from a landing block
-        // keeps all of that block alive: a block written with landed data
-        // may come to pin up to two blocks' memory (see `settle`).
-        let landed = data
-            .attachment()
-            .is_some_and(|a| a.downcast_ref::<blocks::LandingBlocks>().is_some());
+        let mut src = Source {
+            parts: data.parts(),
+            part: 0,
+            off: 0,
+        };
         let mut grow = 0u64;
         for bi in first..=last {
             let block_start = bi * BLOCK_SIZE as u64;
             let in_block = (offset.max(block_start) - block_start) as usize;
             let end_in_block = ((end - block_start) as usize).min(BLOCK_SIZE);
-            grow += match f.blocks.get(&bi) {
-                b if landed => {
-                    (2 * BLOCK_SIZE).saturating_sub(b.map_or(0, FileBlock::pinned)) as u64
-                }
-                Some(FileBlock::Pages(_)) => {
-                    ((end_in_block.div_ceil(PAGE) - in_block / PAGE) * PAGE) as u64
-                }
-                b => {
-                    let want = block_size_for(new_size, end_in_block);
-                    let have = b.map_or(0, FileBlock::pinned);
-                    want.saturating_sub(have) as u64
-                }
-            };
+            let want = block_size_for(new_size, end_in_block);
+            let old = f.blocks.get(&bi);
+            let have = old.map_or(0, FileBlock::pinned);
+            let adopted = landing.is_some_and(|l| {
+                in_block == 0
+                    && end_in_block == BLOCK_SIZE
+                    && want == BLOCK_SIZE
+                    && src.whole_part().and_then(|p| l.whole_block(p)).is_some()
+            });
+            grow += if adopted {
+                BLOCK_SIZE.saturating_sub(have)
+            } else if landing.is_some_and(|l| src.pages_from(l, in_block, end_in_block)) {
+                (2 * BLOCK_SIZE).saturating_sub(have)
+            } else if matches!(old, Some(FileBlock::Pages(_))) {
+                (end_in_block.div_ceil(PAGE) - in_block / PAGE) * PAGE
+            } else {
+                want.saturating_sub(have)
+            } as u64;
+            src.skip(end_in_block - in_block);
         }
-        self.reserve(grow)?;
-        // What the blocks came to hold, less what they held: at most
-        // `grow`; the rest of the reservation goes back.
+        grow
+    }
+
+    /// `fill_blocks` with `grow` bytes reserved: what the blocks came to
+    /// hold, less what they held, is at most that; the rest goes back.
+    fn fill_reserved(
+        &self,
+        f: &mut FileData,
+        offset: u64,
+        data: &Payload,
+        landing: Option<&blocks::LandingBlocks>,
+        grow: u64,
+    ) -> SResult<()> {
         let mut net = 0u64;
-        let r = self.fill_blocks(f, offset, data, &mut net);
+        let r = self.fill_blocks(f, offset, data, landing, &mut net);
         self.used_bytes
             .fetch_add(net.wrapping_sub(grow), Ordering::Relaxed);
         r
     }
 
-    /// The copying (or adopting) part of `write_blocks`; `net` counts the
-    /// change in memory held (modulo 2^64: it may shrink).
+    /// The copying (or adopting, from `landing`) part of `write_blocks`;
+    /// `net` counts the change in memory held (modulo 2^64: it may
+    /// shrink).
     fn fill_blocks(
         &self,
         f: &mut FileData,
         offset: u64,
         data: &Payload,
+        landing: Option<&blocks::LandingBlocks>,
         net: &mut u64,
     ) -> SResult<()> {
         let end = offset + data.len() as u64;
         let new_size = f.size.max(end);
         let first = offset / BLOCK_SIZE as u64;
         let last = (end - 1) / BLOCK_SIZE as u64;
-        let landing = data
-            .attachment()
-            .and_then(|a| a.downcast_ref::<blocks::LandingBlocks>());
         let mut src = Source {
             parts: data.parts(),
             part: 0,

@@ -1764,3 +1764,63 @@ fn a_held_file_outlives_its_last_unlink_until_released() {
     assert_eq!(fs.getattr(c).err(), Some(NfsStat3::Stale));
     assert!(fs.getattr(b).is_ok(), "b is still held");
 }
+
+/// On a full store, RDMA-landed data is taken over when that adds nothing
+/// (a whole block replaced by its landing block) and copied when taking
+/// its pages over could pin more than the store may hold: a WRITE that
+/// fits as a copy is never refused, and the store never holds more than
+/// its capacity.
+#[test]
+fn landed_writes_on_a_full_store_are_taken_over_or_copied_never_refused() {
+    use blocks::BLOCK_SIZE;
+    let s = Store::new(StoreConfig {
+        capacity_bytes: BLOCK_SIZE as u64,
+        ..Default::default()
+    });
+    let f = {
+        let mut fs = s.write();
+        let root = fs.root();
+        mkfile(&mut fs, root, "f")
+    };
+    // As the service writes: under the store's shared lock.
+    let fs = s.read();
+    let mut model = vec![1u8; BLOCK_SIZE];
+    fs.write(f, &Cred::root(), 0, &Payload::from(model.clone()))
+        .unwrap();
+    assert_eq!(fs.fsstat().1, 0, "full");
+    // Two pages in the middle, landed: taking them over would keep their
+    // 8 KiB landing block alive beside the file's block.
+    let (copied, adopted) = fs.write_stats();
+    let pages = vec![2u8; 8192];
+    fs.write(f, &Cred::root(), 4096, &land_like_rdma(4096, &pages))
+        .unwrap();
+    model[4096..12288].copy_from_slice(&pages);
+    assert_eq!(
+        fs.write_stats(),
+        (copied + 8192, adopted),
+        "copied, not taken over"
+    );
+    // The whole block, landed: its landing block replaces the file's.
+    let whole = vec![3u8; BLOCK_SIZE];
+    fs.write(f, &Cred::root(), 0, &land_like_rdma(0, &whole))
+        .unwrap();
+    model.copy_from_slice(&whole);
+    assert_eq!(
+        fs.write_stats(),
+        (copied + 8192, adopted + BLOCK_SIZE as u64),
+        "taken over"
+    );
+    assert_eq!(read(&fs, f, 0, BLOCK_SIZE as u32 + 1).0, model);
+    assert_eq!(fs.getattr(f).unwrap().used, BLOCK_SIZE as u64);
+    assert_eq!(fs.fsstat().1, 0);
+    // Past the end a copy does not fit either.
+    assert_eq!(
+        fs.write(
+            f,
+            &Cred::root(),
+            BLOCK_SIZE as u64,
+            &land_like_rdma(BLOCK_SIZE as u64, &pages)
+        ),
+        Err(NfsStat3::Nospc)
+    );
+}

@@ -184,9 +184,11 @@ pub fn encode(want: &Bitmap4, s: &Source, l: &Limits) -> Fattr4 {
 
 /// The source of a file's attributes.
 pub fn file_source(fs: &Fs, ino: Ino, fsid: u64) -> SResult<Source> {
-    let a = fs.getattr(ino)?;
+    // One look at the inode: a WRITE (which takes only the store's shared
+    // lock) cannot fall between the attributes and the change value.
+    let (a, change) = fs.getattr_change(ino)?;
     Ok(Source {
-        change: fs.change(ino)?,
+        change,
         fh: fs.handle(ino),
         fsid: Fsid4 {
             major: fsid,

@@ -1394,17 +1394,19 @@ mod tests {
     /// that skips the lock must not skip a due sweep).
     #[test]
     fn a_lapsed_lease_goes_at_the_first_sweep_a_second_after_the_last() {
-        let s = State4::new(Duration::from_secs(2));
+        // The lease starts within `exchange_id`, a moment after `t0`: the
+        // times below hold while that moment is under 0.3 s.
+        let s = State4::new(Duration::from_secs(5));
         let t0 = Instant::now();
         let owner = Opaque4(Bytes::from_static(b"client"));
         let (id, _, _) = s.exchange_id(&owner, [1; 8], None, false).unwrap();
-        s.sweep(t0 + Duration::from_millis(1500));
+        s.sweep(t0 + Duration::from_millis(4500));
         assert_eq!(s.counts().0, 1, "swept within its lease");
-        // The lease (2 s) has run out 2.2 s on, but the last sweep was
-        // 0.7 s before: not swept yet.
-        s.sweep(t0 + Duration::from_millis(2200));
+        // The lease (5 s) has run out 5.3 s on, but the last sweep was
+        // 0.8 s before: not swept yet.
+        s.sweep(t0 + Duration::from_millis(5300));
         assert_eq!(s.counts().0, 1, "swept twice within a second");
-        s.sweep(t0 + Duration::from_millis(2600));
+        s.sweep(t0 + Duration::from_millis(5900));
         assert_eq!(s.counts().0, 0, "client {id:#x} outlived its lease");
     }
 }
