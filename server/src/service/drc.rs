@@ -12,6 +12,7 @@
 //! a mutex of its own, so that calls on different connections and cores do
 //! not queue for one lock; each shard drops its oldest calls first.
 
+use super::plain_hash::checksum;
 use bytes::Bytes;
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
@@ -22,23 +23,6 @@ use std::sync::Mutex;
 const CHECKSUM_BYTES: usize = 256;
 /// Most shards.
 const SHARDS: usize = 16;
-
-/// A checksum of the arguments' first bytes, to tell a retransmission
-/// (the same bytes) from a new call that reuses the XID. Not keyed: a peer
-/// that made two of its own calls collide would only confuse itself (the
-/// key holds its address).
-fn checksum(b: &[u8]) -> u64 {
-    const M: u64 = 0x9fb2_1c65_1e98_df25;
-    let mut h = b.len() as u64;
-    for w in b.chunks(8) {
-        let mut word = [0u8; 8];
-        word[..w.len()].copy_from_slice(w);
-        h = (h ^ u64::from_le_bytes(word))
-            .wrapping_mul(M)
-            .rotate_left(29);
-    }
-    h
-}
 
 /// Identifies one call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -58,6 +42,7 @@ impl DrcKey {
             xid,
             proc_,
             len: args.len(),
+            // Unkeyed: see `plain_hash`.
             sum: checksum(&args[..args.len().min(CHECKSUM_BYTES)]),
         }
     }

@@ -12,6 +12,7 @@ mod nfs;
 pub mod nfs4;
 pub mod nlm;
 pub mod nsm;
+mod plain_hash;
 
 use crate::exports::{ExportEntry, ExportOptions};
 use crate::store::{Cred, Store, StoreConfig};

@@ -1291,8 +1291,7 @@ impl Fs {
             Content::Dir(_) => return Err(NfsStat3::Isdir),
             _ => return Err(NfsStat3::Inval),
         };
-        // The owner may read a file it cannot (an open file keeps access).
-        if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 4) {
+        if !may_use(&i.attr, cred, 4) {
             return Err(NfsStat3::Acces);
         }
         if offset >= f.size {
@@ -1359,7 +1358,7 @@ impl Fs {
     }
 
     fn write_locked(&self, i: &mut Inode, cred: &Cred, offset: u64, data: &Payload) -> SResult<()> {
-        if cred.uid != i.attr.uid && !mode_allows(&i.attr, cred, 2) {
+        if !may_use(&i.attr, cred, 2) {
             return Err(NfsStat3::Acces);
         }
         let len = data.len() as u64;
@@ -1664,9 +1663,8 @@ impl Fs {
 
     /// The file `ino`, if it is one and `cred` may write it.
     fn file_to_write(&self, ino: Ino, cred: &Cred) -> SResult<MappedRwLockReadGuard<'_, FileData>> {
-        let may = |i: &Inode| cred.uid == i.attr.uid || mode_allows(&i.attr, cred, 2);
         InodeRead::try_map(self.inode(ino)?, |i| match &i.content {
-            Content::File(f) if may(i) => Some(f),
+            Content::File(f) if may_use(&i.attr, cred, 2) => Some(f),
             _ => None,
         })
         .map_err(|i| match i.content {
@@ -1983,6 +1981,12 @@ fn parse_handle(fh: &[u8]) -> SResult<(u32, u64, u32, u32)> {
 /// not one of ours.
 pub fn handle_fsid(fh: &[u8]) -> Option<u32> {
     parse_handle(fh).ok().map(|(fsid, ..)| fsid)
+}
+
+/// Whether `c` may read (4) or write (2) a file's data: its owner may,
+/// whatever the mode (as an open file keeps its access).
+fn may_use(a: &Attr, c: &Cred, want: u32) -> bool {
+    c.uid == a.uid || mode_allows(a, c, want)
 }
 
 fn mode_allows(a: &Attr, c: &Cred, want: u32) -> bool {

@@ -6,7 +6,6 @@
 //! [`pseudo`] and the operations in `ops`.
 
 pub mod attrs;
-mod issued;
 mod ops;
 pub mod pseudo;
 pub mod state;

@@ -12,7 +12,7 @@
 //! Everything here is behind one mutex held for a few map operations at a
 //! time, never across a store operation.
 
-use super::issued::IssuedMap;
+use crate::service::plain_hash::IssuedMap;
 use crate::store::Ino;
 use bytes::Bytes;
 use nfsrdma_xdr::nfs4::ops::{ChannelAttrs4, LockDenied};

@@ -1,16 +1,31 @@
-//! A hash for the state tables' keys: session ids, stateids, client ids
-//! and files, all of them issued by this server (a counter behind a boot
-//! word or a client id), never chosen by a peer. A peer can only look a
-//! key up, not add one, so it cannot fill a table with colliding keys, and
-//! the keyed SipHash of the standard maps (some 200 instructions for a
-//! session id, four to seven look-ups per COMPOUND) buys nothing here.
-//! Keys a peer chooses (client owners) stay in standard maps.
+//! An unkeyed hash, for data no peer can use to make a table collide:
+//!
+//! - the NFSv4 state tables' keys ([`IssuedMap`]): session ids, stateids,
+//!   client ids and files, all issued by this server (a counter behind a
+//!   boot word or a client id), never chosen by a peer. A peer can only
+//!   look a key up, not add one, so it cannot fill a table with colliding
+//!   keys, and the keyed SipHash of the standard maps (some 200
+//!   instructions for a session id, several look-ups per COMPOUND) buys
+//!   nothing there. Keys a peer chooses (client owners) stay in standard
+//!   maps.
+//! - the duplicate request cache's checksum of a call's arguments
+//!   ([`checksum`]), which tells a retransmission from a new call reusing
+//!   its XID: a peer that made two of its own calls collide would only
+//!   confuse itself (the cache's key holds its address).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A map keyed by something this server issued.
-pub type IssuedMap<K, V> = HashMap<K, V, BuildHasherDefault<IssuedHasher>>;
+pub type IssuedMap<K, V> = HashMap<K, V, BuildHasherDefault<PlainHasher>>;
+
+/// The hash of `bytes` (their length included).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut h = PlainHasher::default();
+    h.write_usize(bytes.len());
+    h.write(bytes);
+    h.finish()
+}
 
 /// Odd multipliers with bits spread over the whole word.
 const M1: u64 = 0xa076_1d64_78bd_642f;
@@ -20,15 +35,15 @@ const M2: u64 = 0xe703_7ed1_a0b4_28db;
 /// down, so that keys differing only in their top bytes (a big-endian
 /// counter read as little-endian words) still land in different buckets.
 #[derive(Default, Clone, Copy)]
-pub struct IssuedHasher(u64);
+pub struct PlainHasher(u64);
 
-impl IssuedHasher {
+impl PlainHasher {
     fn add(&mut self, w: u64) {
         self.0 = (self.0 ^ w).wrapping_mul(M1).rotate_left(31);
     }
 }
 
-impl Hasher for IssuedHasher {
+impl Hasher for PlainHasher {
     fn write(&mut self, bytes: &[u8]) {
         let mut words = bytes.chunks_exact(8);
         for w in &mut words {
@@ -77,7 +92,7 @@ mod tests {
     /// How many different values the low `bits` and the top 7 bits (the
     /// two parts of a hash the standard map uses) take over `keys`.
     fn spread<K: std::hash::Hash>(keys: impl Iterator<Item = K>, bits: u32) -> (usize, usize) {
-        let b = BuildHasherDefault::<IssuedHasher>::default();
+        let b = BuildHasherDefault::<PlainHasher>::default();
         let (mut low, mut top) = (HashSet::new(), HashSet::new());
         for k in keys {
             let h = b.hash_one(k);
