@@ -259,15 +259,14 @@ fn vm_load_64_rdma_connections_at_depth_32() {
     assert!(min > 0, "a connection made no progress");
     assert!(min * 20 >= max, "unfair service: min {min}, max {max}");
     // The bound from the design: each connection's registered memory at
-    // the default settings (128 receive and 128 send buffers of 4 KiB and
-    // 4 chunk buffers of 1 MiB + 64 KiB = 5,376 KiB) plus 256 KiB of
-    // thread and bookkeeping per connection; the store's arena, registered
-    // (so resident) 64 MiB at a time: the six regions nfsrdmad sets aside
-    // beyond the stores' capacity (the first region of each of the five
-    // block classes, 4-64 KiB, and one for RDMA Read landing blocks in
-    // flight; the 16 MiB of files fit them); 16 MiB for the empty daemon's
-    // growth.
-    let bound = rss_start + CONNS as u64 * (5376 + 256) + 6 * 64 * 1024 + 16 * 1024;
+    // the default settings (128 receive and 128 send buffers of 4 KiB =
+    // 1,024 KiB) plus 256 KiB of thread and bookkeeping per connection;
+    // the store's arena, registered (so resident) 64 MiB at a time: the six
+    // regions nfsrdmad sets aside beyond the stores' capacity (the first
+    // region of each of the five block classes, 4-64 KiB, and one for the
+    // landing and staging blocks of calls in flight; the 16 MiB of files
+    // fit them); 16 MiB for the empty daemon's growth.
+    let bound = rss_start + CONNS as u64 * (1024 + 256) + 6 * 64 * 1024 + 16 * 1024;
     assert!(
         peak <= bound,
         "server RSS peaked at {peak} KiB, above the bound {bound} KiB"

@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
         send_slots: u32::from(a % 8) + 1,
         sq_depth: u32::from(b % 32) + 4,
         read_depth: u32::from(b >> 5) + 1,
-        chunk_buffers: u32::from(c % 3) + 1,
+        chunk_slots: u32::from(c % 3) + 1,
         chunk_size: 64 * 1024,
         max_sge: u32::from(c >> 4 & 3) + 1,
         signal_every: u32::from(c >> 6) + 1,
@@ -151,7 +151,7 @@ fuzz_target!(|data: &[u8]| {
                                     .iter()
                                     .map(|w| w.data.parts().to_vec())
                                     .collect();
-                                let staged = op & 0x20 != 0 && conn.chunk_buffer(id).is_some();
+                                let staged = op & 0x20 != 0 && conn.holds_chunk_slot(id);
                                 conn.send_reply(id, plan, local, staged);
                             }
                             Some(Err(_)) => conn.reject(id),

@@ -106,7 +106,7 @@ fn config(
         send_slots: credits,
         sq_depth: sq,
         read_depth: reads,
-        chunk_buffers: chunks,
+        chunk_slots: chunks,
         max_sge: sge,
         signal_every: every,
         inline_send: inline,

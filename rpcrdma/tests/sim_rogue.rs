@@ -28,7 +28,7 @@ fn server_config() -> Config {
         send_slots: CREDITS,
         sq_depth: 64,
         read_depth: 4,
-        chunk_buffers: 2,
+        chunk_slots: 2,
         inline_send: INLINE,
         inline_recv: INLINE,
         ..Config::default()

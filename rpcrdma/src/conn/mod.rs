@@ -33,8 +33,10 @@
 //!   extra Sends wait in its own queue (receiver-not-ready retries), not in
 //!   ours. Nothing here grows with what the peer sends.
 //! - A started call holds a send slot (for its reply) and, when it has
-//!   chunks, a chunk buffer, from the start until its reply's Send
-//!   completes (the chunk buffer only while data was copied into it).
+//!   chunks, a chunk slot (the right to landing memory and staged reply
+//!   data of up to [`Config::chunk_size`] each, in memory the driver
+//!   provides), from the start until its reply's Send completes (the
+//!   chunk slot only while the driver holds data copied for the reply).
 //!   Calls start in arrival order; the oldest waits for what it needs, and
 //!   the rest wait behind it.
 //! - Every failed work request ends the connection (RFC 8166 §4.4 leaves
@@ -129,7 +131,7 @@ pub struct RemoteSeg {
 }
 
 /// A piece of local memory a driver names in a work request (a registered
-/// store block, a copy in a chunk buffer, ...). The core needs only its
+/// store block, a copy in staging memory, ...). The core needs only its
 /// length.
 pub trait Piece {
     /// Bytes.
@@ -321,11 +323,13 @@ pub struct Config {
     /// RDMA Reads we may have outstanding towards the peer (the initiator
     /// depth agreed at connect time).
     pub read_depth: u32,
-    /// Chunk buffers (staging memory for reply data that is not in
-    /// registered memory): calls with chunks in progress at once.
-    pub chunk_buffers: u32,
-    /// Bytes of one chunk buffer; also the largest call assembled from
-    /// chunks.
+    /// Chunk slots: calls with chunks in progress at once. Each may hold
+    /// up to [`Config::chunk_size`] bytes of landing memory for its Read
+    /// chunks and as much reply data copied for its Write or Reply chunks,
+    /// both in memory the driver provides.
+    pub chunk_slots: u32,
+    /// The largest call assembled from chunks, and the most reply data
+    /// copied for one call.
     pub chunk_size: u32,
     /// Scatter/gather entries per RDMA Write.
     pub max_sge: u32,
@@ -351,7 +355,7 @@ impl Default for Config {
             send_slots: 128,
             sq_depth: 512,
             read_depth: 16,
-            chunk_buffers: 4,
+            chunk_slots: 4,
             chunk_size: (1 << 20) + (64 << 10),
             max_sge: 16,
             signal_every: 1,
@@ -366,12 +370,12 @@ impl Config {
     /// The most bytes one connection's messages and reply data take,
     /// whatever the peer does: every receive buffer held by a message,
     /// every send slot with a reply waiting or in flight, every chunk
-    /// buffer with landing memory of the largest call and with staged
-    /// reply data.
+    /// slot with landing memory of the largest call and with staged reply
+    /// data.
     pub fn memory_bound(&self) -> u64 {
         let c = u64::from(self.receive_buffers()) * u64::from(self.inline_recv);
         let s = u64::from(self.send_slots) * u64::from(self.inline_send);
-        let k = 2 * u64::from(self.chunk_buffers) * u64::from(self.chunk_size);
+        let k = 2 * u64::from(self.chunk_slots) * u64::from(self.chunk_size);
         c + s + k
     }
 
@@ -387,7 +391,7 @@ impl Config {
         self.send_slots = self.send_slots.max(1);
         self.sq_depth = self.sq_depth.max(4);
         self.read_depth = self.read_depth.max(1);
-        self.chunk_buffers = self.chunk_buffers.max(1);
+        self.chunk_slots = self.chunk_slots.max(1);
         self.max_sge = self.max_sge.max(1);
         self.signal_every = self.signal_every.max(1);
         self
@@ -443,8 +447,8 @@ pub struct Footprint {
     pub held_receives: u32,
     /// Send slots in use (reserved by a call, or by a Send in flight).
     pub send_slots: u32,
-    /// Chunk buffers in use.
-    pub chunk_buffers: u32,
+    /// Chunk slots in use.
+    pub chunk_slots: u32,
     /// Bytes of landing memory asked for (calls being read).
     pub landing_bytes: u64,
     /// Send-queue entries in use.
@@ -458,7 +462,7 @@ impl Footprint {
     pub fn bytes(&self, cfg: &Config) -> u64 {
         u64::from(self.held_receives) * u64::from(cfg.inline_recv)
             + u64::from(self.send_slots) * u64::from(cfg.inline_send)
-            + u64::from(self.chunk_buffers) * u64::from(cfg.chunk_size)
+            + u64::from(self.chunk_slots) * u64::from(cfg.chunk_size)
             + self.landing_bytes
     }
 }
@@ -549,7 +553,7 @@ impl<L: Piece> Connection<L> {
         Footprint {
             held_receives: self.recv.held(),
             send_slots: self.cfg.send_slots - self.sendq.free_slots(),
-            chunk_buffers: self.serve.chunk_buffers_in_use(),
+            chunk_slots: self.serve.chunk_slots_in_use(),
             landing_bytes: self.serve.landing_bytes(),
             sq_entries: self.sendq.in_use(),
             reads: self.reads.outstanding(),
@@ -573,7 +577,7 @@ impl<L: Piece> Connection<L> {
         f.held_receives == 0
             && self.calls.in_flight() == 0
             && f.send_slots == self.sendq.unreaped_slots()
-            && f.chunk_buffers == 0
+            && f.chunk_slots == 0
             && f.landing_bytes == 0
             && f.reads == 0
             && self.work.is_empty()
@@ -663,8 +667,8 @@ impl<L: Piece> Connection<L> {
             sendq::Release::Slot { slot, chunk } => {
                 self.sendq.free_slot(slot);
                 self.released.push_back(slot);
-                if let Some(c) = chunk {
-                    self.serve.free_chunk_buffer(c);
+                if chunk {
+                    self.serve.free_chunk_slot();
                 }
             }
             sendq::Release::ReadChain { call, reads } => {

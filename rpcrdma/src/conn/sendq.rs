@@ -5,14 +5,14 @@
 //! so one signaled completion stands for every unsignaled work request
 //! before it. The queue here is that order: each entry is a posted work
 //! request with what its completion gives back (a send slot, a chunk
-//! buffer, Read depth), and a signaled completion gives back its own and
+//! slot, Read depth), and a signaled completion gives back its own and
 //! every entry before it.
 //!
 //! # Policies (which requests are signaled)
 //! - The Writes of a reply are unsignaled: the reply's Send after them
 //!   completes only after they did.
 //! - A reply's Send is signaled when it is the `signal_every`-th since the
-//!   last signaled one, when it holds a chunk buffer (few, and wanted
+//!   last signaled one, when it holds a chunk slot (few, and wanted
 //!   back soon), when fewer than `signal_every` send slots are free, or
 //!   when the unsignaled entries since the last signaled one would be more
 //!   than half the queue. So slots and entries always come back with some
@@ -30,13 +30,12 @@ use std::collections::VecDeque;
 pub enum Release {
     /// Only its queue entry.
     Nothing,
-    /// A send slot, and the chunk buffer the reply's data was copied
-    /// into, if any.
+    /// A send slot, and the chunk slot of a reply whose data was copied.
     Slot {
         /// The slot.
         slot: u32,
-        /// The chunk buffer that goes back too.
-        chunk: Option<u32>,
+        /// Its chunk slot goes back too.
+        chunk: bool,
     },
     /// The Send of our call in `slot`.
     CallSent {
@@ -139,10 +138,10 @@ impl SendQueue {
 
     /// Whether a reply's Send after `writes` Writes in its chain asks for
     /// a completion (see the policies above).
-    pub fn send_signaled(&self, writes: u32, chunk_buffer: bool) -> bool {
+    pub fn send_signaled(&self, writes: u32, chunk_slot: bool) -> bool {
         let unreaped = self.tail + writes + 1;
         self.quiet_sends + 1 >= self.signal_every
-            || chunk_buffer
+            || chunk_slot
             || self.free_slots.len() < self.signal_every as usize
             || unreaped > self.depth / 2
     }
@@ -228,7 +227,7 @@ mod tests {
             false,
             Release::Slot {
                 slot: a,
-                chunk: None,
+                chunk: false,
             },
         );
         let last = s.push(
@@ -236,7 +235,7 @@ mod tests {
             true,
             Release::Slot {
                 slot: b,
-                chunk: Some(0),
+                chunk: true,
             },
         );
         assert_eq!(s.room(), 4);
@@ -261,7 +260,7 @@ mod tests {
             s2.push(WrKind::Write, false, Release::Nothing);
         }
         assert!(s2.send_signaled(0, false));
-        assert!(q(64, 64, 16).send_signaled(0, true), "chunk buffer");
+        assert!(q(64, 64, 16).send_signaled(0, true), "chunk slot");
         let u = s.push(WrKind::Send, false, Release::Nothing);
         assert!(
             s.complete(u, &mut Vec::new()).is_err(),

@@ -5,7 +5,7 @@
 //! received ─ classify ─┬─ drop (RDMA_DONE, short headers, ...): buffer posted again
 //!                      ├─ RDMA_ERROR to send ──────────────┐
 //!                      └─ call ─ waits for a send slot     │
-//!                               (and a chunk buffer)       │
+//!                               (and a chunk slot)         │
 //!                               ├─ Read chunks: NeedsReads → land → Reads → Call
 //!                               └─ inline: Call            │
 //!                     send_reply / reject / no_reply ──────┤
@@ -34,7 +34,7 @@ pub struct CallId(pub u64);
 
 #[derive(Debug)]
 enum Phase {
-    /// Waiting for a send slot (and a chunk buffer).
+    /// Waiting for a send slot (and a chunk slot).
     Waiting,
     /// Its landing memory is asked for.
     Landing,
@@ -53,7 +53,8 @@ struct CallState {
     buffer: u32,
     incoming: IncomingCall,
     slot: Option<u32>,
-    chunk: Option<u32>,
+    /// Holds a chunk slot.
+    chunk: bool,
     landing: u64,
     phase: Phase,
 }
@@ -124,7 +125,8 @@ struct Outgoing<L> {
     message: Vec<Bytes>,
     invalidate: Option<u32>,
     slot: u32,
-    chunk: Option<u32>,
+    /// Keeps its chunk slot until the Send completes (data was staged).
+    chunk: bool,
 }
 
 /// The responder's state between messages.
@@ -135,8 +137,8 @@ pub struct Serve<L> {
     calls: CallTable,
     arrivals: VecDeque<Arrival>,
     outgoing: VecDeque<Outgoing<L>>,
-    free_chunks: Vec<u32>,
-    chunk_total: u32,
+    chunk_slots_free: u32,
+    chunk_slots: u32,
     next: u64,
 }
 
@@ -154,26 +156,26 @@ impl<L> Serve<L> {
             calls: CallTable::new(cfg.receive_buffers()),
             arrivals: VecDeque::new(),
             outgoing: VecDeque::new(),
-            free_chunks: (0..cfg.chunk_buffers).rev().collect(),
-            chunk_total: cfg.chunk_buffers,
+            chunk_slots_free: cfg.chunk_slots,
+            chunk_slots: cfg.chunk_slots,
             next: 0,
         }
     }
 
-    pub(super) fn chunk_buffers_in_use(&self) -> u32 {
-        self.chunk_total - self.free_chunks.len() as u32
+    pub(super) fn chunk_slots_in_use(&self) -> u32 {
+        self.chunk_slots - self.chunk_slots_free
     }
 
     pub(super) fn landing_bytes(&self) -> u64 {
         self.calls.values().map(|c| c.landing).sum()
     }
 
-    pub(super) fn free_chunk_buffer(&mut self, c: u32) {
+    pub(super) fn free_chunk_slot(&mut self) {
         debug_assert!(
-            !self.free_chunks.contains(&c),
-            "chunk buffer {c} freed twice"
+            self.chunk_slots_free < self.chunk_slots,
+            "a chunk slot freed twice"
         );
-        self.free_chunks.push(c);
+        self.chunk_slots_free += 1;
     }
 
     /// A Read chain of `call` completed.
@@ -245,7 +247,7 @@ impl<L: Piece> Connection<L> {
                         buffer,
                         incoming,
                         slot: None,
-                        chunk: None,
+                        chunk: false,
                         landing: 0,
                         phase: Phase::Waiting,
                     },
@@ -260,10 +262,11 @@ impl<L: Piece> Connection<L> {
         self.serve.calls.get(&id).map(|c| &c.incoming)
     }
 
-    /// The chunk buffer a started call holds (for reply data that is not
-    /// in registered memory), if it has chunks.
-    pub fn chunk_buffer(&self, id: CallId) -> Option<u32> {
-        self.serve.calls.get(&id).and_then(|c| c.chunk)
+    /// Whether a started call holds a chunk slot (it has chunks): reply
+    /// data the driver copies for it counts against that slot, up to
+    /// [`super::Config::chunk_size`] bytes.
+    pub fn holds_chunk_slot(&self, id: CallId) -> bool {
+        self.serve.calls.get(&id).is_some_and(|c| c.chunk)
     }
 
     /// The landing memory for a call's Read chunks: `reads`, in the order
@@ -317,8 +320,8 @@ impl<L: Piece> Connection<L> {
 
     /// Sends the reply `plan` to a ready call. `local[i]` is where the data
     /// of `plan.writes[i]` is, one piece per part of it; `staged` says
-    /// whether any of it was copied into the call's chunk buffer (which is
-    /// then held until the Send completes).
+    /// whether any of it was copied for the call (its chunk slot is then
+    /// held until the Send completes, as the driver holds the copy).
     pub fn send_reply(&mut self, id: CallId, plan: ReplyPlan, local: Vec<Vec<L>>, staged: bool) {
         if self.closed.is_some() {
             return;
@@ -375,13 +378,10 @@ impl<L: Piece> Connection<L> {
             ReplyShape::Inline => self.stats.inline_replies += 1,
             ReplyShape::ReplyChunk => self.stats.reply_chunk_replies += 1,
         }
-        let chunk = match c.chunk {
-            Some(k) if !staged => {
-                self.serve.free_chunk_buffer(k);
-                None
-            }
-            k => k,
-        };
+        let chunk = c.chunk && staged;
+        if c.chunk && !staged {
+            self.serve.free_chunk_slot();
+        }
         let mut message = Vec::with_capacity(1 + plan.inline.len());
         message.push(plan.header);
         message.extend(plan.inline);
@@ -412,8 +412,8 @@ impl<L: Piece> Connection<L> {
             )));
         }
         self.stats.err_chunk += 1;
-        if let Some(k) = c.chunk {
-            self.serve.free_chunk_buffer(k);
+        if c.chunk {
+            self.serve.free_chunk_slot();
         }
         let reply = responder::error_reply(c.incoming.xid, self.credits.grant(), RdmaError::Chunk);
         self.done_with(c.buffer);
@@ -422,7 +422,7 @@ impl<L: Piece> Connection<L> {
             message: vec![reply],
             invalidate: None,
             slot: c.slot.expect("a started call holds a slot"),
-            chunk: None,
+            chunk: false,
         });
         self.progress();
     }
@@ -437,8 +437,8 @@ impl<L: Piece> Connection<L> {
         let Some(c) = self.ready(id, "no_reply") else {
             return;
         };
-        if let Some(k) = c.chunk {
-            self.serve.free_chunk_buffer(k);
+        if c.chunk {
+            self.serve.free_chunk_slot();
         }
         if let Some(s) = c.slot {
             self.sendq.free_slot(s);
@@ -494,7 +494,7 @@ fn start_arrivals<L: Piece>(c: &mut Connection<L>) {
                     message: vec![reply],
                     invalidate: None,
                     slot,
-                    chunk: None,
+                    chunk: false,
                 });
             }
             &Arrival::Call(id) => {
@@ -502,15 +502,14 @@ fn start_arrivals<L: Piece>(c: &mut Connection<L>) {
                 let inc = &call.incoming;
                 let chunked =
                     inc.needs_reads() || !inc.write_list.is_empty() || inc.reply_chunk.is_some();
-                if c.sendq.free_slots() == 0 || (chunked && c.serve.free_chunks.is_empty()) {
+                if c.sendq.free_slots() == 0 || (chunked && c.serve.chunk_slots_free == 0) {
                     return;
                 }
                 let slot = c.sendq.reserve_slot();
-                let chunk = if chunked {
-                    c.serve.free_chunks.pop()
-                } else {
-                    None
-                };
+                if chunked {
+                    c.serve.chunk_slots_free -= 1;
+                }
+                let chunk = chunked;
                 let needs_reads = inc.needs_reads();
                 let call = c.serve.calls.get_mut(&id).expect("an arrival is held");
                 call.slot = slot;
@@ -585,7 +584,7 @@ fn post_outgoing<L: Piece>(c: &mut Connection<L>) {
         if room > writes {
             // Everything left in one chain, the Send last.
             let mut o = c.serve.outgoing.pop_front().expect("front");
-            let signaled = c.sendq.send_signaled(writes as u32, o.chunk.is_some());
+            let signaled = c.sendq.send_signaled(writes as u32, o.chunk);
             let mut chain = Vec::with_capacity(writes + 1);
             for (local, remote) in o.writes.drain(..) {
                 let wr = c.sendq.push(WrKind::Write, false, Release::Nothing);

@@ -4,8 +4,8 @@
 //!
 //! Answering: landing memory is one local region per Read chunk; reply
 //! data is written from the reply's own bytes, and a reply through the
-//! Reply chunk counts as copied into the call's chunk buffer (as the
-//! server's encoded replies are).
+//! Reply chunk counts as copied for the call, holding its chunk slot (as
+//! the server's encoded replies are).
 //!
 //! Calling: each call's chunks get a region of their own, exposed by one
 //! key per chunk that the peer may invalidate (memory windows); the keys
@@ -332,7 +332,7 @@ impl<A: App> SimEndpoint<A> {
             .iter()
             .map(|w| w.data.parts().to_vec())
             .collect();
-        let staged = plan.shape == ReplyShape::ReplyChunk && self.conn.chunk_buffer(id).is_some();
+        let staged = plan.shape == ReplyShape::ReplyChunk && self.conn.holds_chunk_slot(id);
         self.conn.send_reply(id, plan, local, staged);
     }
 

@@ -90,7 +90,7 @@ struct Args {
     /// requests rejected, counted and logged [default: over TCP the
     /// open-file limit (soft RLIMIT_NOFILE) less 64; over RDMA as many as
     /// half the machine's memory can register, at the memory per
-    /// connection logged at start].
+    /// connection logged at start, and no more than over TCP].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
     /// Close a TCP connection on which no record completes for SECS while
@@ -420,9 +420,11 @@ fn start() -> Result<()> {
     }
     if args.max_connections.or(cfg.max_connections).is_none() {
         // As many connections as half the machine's memory can register
-        // (the settings above decide how much each takes).
+        // (the settings above decide how much each takes), and as the
+        // open-file limit allows.
         if let Some(total) = memory_total() {
-            rdma.max_connections = rdma.max_connections_for_memory(total);
+            rdma.max_connections =
+                rdma.default_max_connections(total, nfsrdma_server::tcp::default_max_connections());
         }
     }
     // The RDMA device comes first: the stores take their blocks from its
@@ -430,7 +432,9 @@ fn start() -> Result<()> {
     let mut device = None;
     if !args.no_rdma {
         // Every export's capacity, plus room for the arena's first region of
-        // each block size and for landing blocks in flight.
+        // each block size and for calls' landing and staging blocks in
+        // flight (shared by every connection: a call that finds none left
+        // is answered ERR_CHUNK and counted).
         let limit = (store.capacity_bytes as usize)
             .saturating_mul(rules.entries.len().max(1))
             .saturating_add(6 * (64 << 20));
@@ -596,6 +600,8 @@ async fn run(
     if let Some((cfg, device)) = rdma {
         let addr = cfg.addr;
         let per_conn = cfg.memory_per_connection();
+        let chunk_per_conn = cfg.chunk_memory_per_connection();
+        let arena_limit = device.arena_limit();
         let (poll, signal_every, max_connections) =
             (cfg.poll, cfg.signal_every, cfg.max_connections);
         let l = RdmaListener::start(service.clone(), cfg, device)
@@ -603,6 +609,8 @@ async fn run(
         tracing::info!(
             addr = %addr,
             memory_per_connection = per_conn,
+            chunk_memory_per_connection = chunk_per_conn,
+            arena_limit,
             max_connections,
             poll = %poll,
             signal_every,

@@ -12,7 +12,11 @@
 //!   header at fault, is answered with RDMA_ERROR.
 //! - **Reply data.** RDMA Writes send data in arena memory (file blocks)
 //!   as it is; anything else (an encoded reply in the Reply chunk) is
-//!   copied into the call's chunk buffer first.
+//!   copied into arena blocks taken for the reply first (staging), held
+//!   until the reply's Send completes. So staging memory is shared by
+//!   every connection of the device rather than set aside per connection;
+//!   a call copies at most the core's `chunk_size` and a connection at
+//!   most that per chunk slot.
 
 use super::conn::Verbs;
 use super::RdmaStats;
@@ -28,26 +32,16 @@ use nfsrdma_xdr::{Payload, Xdr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Where a piece of reply data is.
+/// A piece of reply data, in arena memory: a file block as it is, or a
+/// staging block the data was copied into. An RDMA Write reads it from
+/// there; holding it keeps the memory from being reused or written until
+/// the Write's Send completes.
 #[derive(Debug, Clone)]
-pub enum Local {
-    /// In arena memory (a file block): written from where it is.
-    Arena(Bytes),
-    /// Copied into the connection's chunk buffers at `at`.
-    Staged {
-        /// Offset in the chunk buffers.
-        at: usize,
-        /// Bytes.
-        len: usize,
-    },
-}
+pub struct Local(pub Bytes);
 
 impl Piece for Local {
     fn len(&self) -> usize {
-        match self {
-            Local::Arena(b) => b.len(),
-            Local::Staged { len, .. } => *len,
-        }
+        self.0.len()
     }
 }
 
@@ -241,11 +235,14 @@ pub fn run(
         }
         None => return Ok(None),
     };
-    // Data in arena memory goes from there; anything else into the call's
-    // chunk buffer.
-    let mut staging = core
-        .chunk_buffer(id)
-        .map(|c| (c as usize * v.chunk_size, (c as usize + 1) * v.chunk_size));
+    // Data in arena memory goes from there; anything else is copied into
+    // staging blocks, at most `chunk_size` bytes for a call that holds a
+    // chunk slot.
+    let mut room = if core.holds_chunk_slot(id) {
+        core.config().chunk_size as usize
+    } else {
+        0
+    };
     let mut staged = false;
     let mut ddp_left = plan.ddp_bytes;
     let mut local = Vec::with_capacity(plan.writes.len());
@@ -255,20 +252,21 @@ pub fn run(
             let ddp = p.len().min(ddp_left);
             ddp_left -= ddp;
             if v.arena.sge_for(p).is_some() {
-                pieces.push(Local::Arena(p.clone()));
+                pieces.push(Local(p.clone()));
                 continue;
             }
-            let Some((at, _)) = staging.as_mut().filter(|(at, end)| *at + p.len() <= *end) else {
-                tracing::debug!(peer = %ctx.peer, xid, "reply data does not fit the chunk buffer");
+            if p.len() > room {
+                tracing::debug!(peer = %ctx.peer, xid, "reply data beyond the call's staging room");
                 core.reject(id);
                 return Ok(None);
-            };
-            v.chunk_mr.write_at(*at, p)?;
-            pieces.push(Local::Staged {
-                at: *at,
-                len: p.len(),
-            });
-            *at += p.len();
+            }
+            room -= p.len();
+            if !stage(p, v, &mut pieces)? {
+                stats.arena_exhausted.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer = %ctx.peer, xid, "arena exhausted: no staging for a reply");
+                core.reject(id);
+                return Ok(None);
+            }
             staged = true;
             stats
                 .payload_copies
@@ -278,6 +276,22 @@ pub fn run(
     }
     core.send_reply(id, plan, local, staged);
     Ok(reply.class)
+}
+
+/// Copies `data` into staging blocks from the arena (64 KiB each; the last
+/// in the smallest block class that holds what is left) and adds them to
+/// `pieces`. False when the arena is exhausted.
+fn stage(data: &[u8], v: &Verbs, pieces: &mut Vec<Local>) -> Result<bool, VerbsError> {
+    use crate::store::blocks::BLOCK_SIZE as BLK;
+    for part in data.chunks(BLK) {
+        let class = part.len().max(4096).next_power_of_two().min(BLK);
+        let Some(mut b) = v.arena.alloc(class)? else {
+            return Ok(false);
+        };
+        b.as_mut()[..part.len()].copy_from_slice(part);
+        pieces.push(Local(Block::from_memory(Box::new(b)).slice(0..part.len())));
+    }
+    Ok(true)
 }
 
 /// How `total` bytes of a Read chunk land: a head of up to `head` bytes

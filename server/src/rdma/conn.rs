@@ -42,14 +42,10 @@ pub struct Verbs {
     pub ring: RecvRing,
     /// Send buffers, one per send slot.
     pub send_mr: Arc<MemoryRegion>,
-    /// Chunk buffers (reply data that is not in arena memory).
-    pub chunk_mr: Arc<MemoryRegion>,
     /// The arena of the store's blocks.
     pub arena: Arc<Arena>,
     /// Bytes of a send buffer.
     pub slot_size: usize,
-    /// Bytes of a chunk buffer.
-    pub chunk_size: usize,
 }
 
 /// Why a connection ends.
@@ -278,6 +274,7 @@ impl Conn {
                         self.core.land(id, reads, bytes);
                     }
                     None => {
+                        self.stats.arena_exhausted.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(peer = %self.ctx.peer, "arena exhausted: call refused");
                         self.core.reject(id);
                     }
@@ -393,13 +390,10 @@ impl Conn {
                     flat.push(v.send_mr.sge(base, len)?);
                 }
                 SendOp::Write { local, .. } => {
-                    for p in local {
-                        flat.push(match p {
-                            Local::Arena(b) => v.arena.sge_for(b).ok_or_else(|| {
-                                VerbsError::InvalidArgument("reply data left the arena".into())
-                            })?,
-                            Local::Staged { at, len } => v.chunk_mr.sge(*at, *len)?,
-                        });
+                    for Local(b) in local {
+                        flat.push(v.arena.sge_for(b).ok_or_else(|| {
+                            VerbsError::InvalidArgument("reply data left the arena".into())
+                        })?);
                     }
                 }
             }

@@ -58,6 +58,12 @@ impl RdmaDevice {
     pub fn arena_bytes(&self) -> usize {
         self.arena.registered_bytes()
     }
+
+    /// The most bytes the arena registers: the stores' blocks, and every
+    /// connection's landing and staging blocks.
+    pub fn arena_limit(&self) -> usize {
+        self.arena.limit_bytes()
+    }
 }
 
 struct ArenaSource(Arc<Arena>);

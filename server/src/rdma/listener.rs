@@ -271,8 +271,6 @@ fn accept(
     let qp = req.id.create_qp(&pd, &cq, &cq, caps)?;
     let ring = RecvRing::new(&pd, credits as usize, ours as usize)?;
     let send_mr = MemoryRegion::new(&pd, credits as usize * ours as usize, Access::LOCAL)?;
-    let chunk_buffers = cfg.chunk_buffers.max(1);
-    let chunk_mr = MemoryRegion::new(&pd, chunk_buffers * cfg.chunk_size(), Access::LOCAL)?;
     // In the request as the listener sees it, `initiator_depth` bounds the
     // RDMA Reads we may have outstanding towards the peer and
     // `responder_resources` the peer's Reads we must serve (none, in this
@@ -287,7 +285,7 @@ fn accept(
         send_slots: credits,
         sq_depth,
         read_depth: u32::from(read_depth),
-        chunk_buffers: chunk_buffers as u32,
+        chunk_slots: cfg.chunk_slots.max(1) as u32,
         chunk_size: cfg.chunk_size() as u32,
         max_sge,
         signal_every: cfg.signal_every.max(1),
@@ -317,10 +315,8 @@ fn accept(
             _channel: channel,
             ring,
             send_mr,
-            chunk_mr,
             arena: device.arena.clone(),
             slot_size: ours as usize,
-            chunk_size: cfg.chunk_size(),
         },
         poller,
         service.clone(),

@@ -19,7 +19,7 @@
 //!   chunks land (so that WRITE data becomes file blocks without a copy),
 //!   running it through the [`crate::service::Service`], and where its
 //!   reply's data is (store blocks as they are, anything else copied into
-//!   the call's chunk buffer);
+//!   staging blocks from the arena);
 //! - [`stats`]: the counters, over all connections.
 //!
 //! Every region the server registers has local access only: the server
@@ -51,10 +51,14 @@ pub struct RdmaConfig {
     /// Our inline threshold, both directions (advertised in the RFC 8797
     /// message; 1 KiB .. 256 KiB).
     pub inline_size: u32,
-    /// Largest READ/WRITE payload (sizes the chunk buffers).
+    /// Largest READ/WRITE payload (and so the largest call assembled from
+    /// chunks: [`RdmaConfig::chunk_size`]).
     pub max_io: u32,
-    /// Chunk buffers per connection: calls with chunks in progress at once.
-    pub chunk_buffers: usize,
+    /// Chunk slots per connection: calls with chunks in progress at once,
+    /// each landing up to [`RdmaConfig::chunk_size`] bytes of Read chunks
+    /// and staging as much reply data, in blocks from the device's arena
+    /// (shared by every connection, not set aside per connection).
+    pub chunk_slots: usize,
     /// How connection threads wait for completions.
     pub poll: PollMode,
     /// One reply Send in this many asks for a completion (1: every one;
@@ -73,7 +77,7 @@ impl Default for RdmaConfig {
             credits: 128,
             inline_size: 4096,
             max_io: 1 << 20,
-            chunk_buffers: 4,
+            chunk_slots: 4,
             poll: PollMode::Auto {
                 max: AUTO_MAX_DEFAULT,
             },
@@ -84,27 +88,39 @@ impl Default for RdmaConfig {
 }
 
 impl RdmaConfig {
-    /// Bytes of registered memory one connection holds: receive buffers ×
-    /// credits, send buffers, chunk buffers.
+    /// Bytes of registered memory one connection holds for its life: a
+    /// receive buffer and a send buffer per credit. The memory its calls'
+    /// chunks land in and its replies' data is staged in comes from the
+    /// device's arena as calls need it, at most
+    /// [`RdmaConfig::chunk_memory_per_connection`].
     pub fn memory_per_connection(&self) -> usize {
         let inline = CmPrivate::representable(self.inline_size) as usize;
         let slots = self.credits as usize;
-        slots * inline + slots * inline + self.chunk_buffers * self.chunk_size()
+        slots * inline + slots * inline
     }
 
-    /// The connections whose registered memory
-    /// ([`RdmaConfig::memory_per_connection`]) fits in half of
-    /// `memory_total` bytes (the machine's memory): the default of
-    /// `--max-connections` over RDMA. At least 1.
-    pub fn max_connections_for_memory(&self, memory_total: u64) -> usize {
+    /// The most arena memory one connection's calls hold at once: per
+    /// chunk slot, a call's landing memory and its staged reply data.
+    pub fn chunk_memory_per_connection(&self) -> usize {
+        2 * self.chunk_slots.max(1) * self.chunk_size()
+    }
+
+    /// The default of `--max-connections` over RDMA: the connections whose
+    /// registered memory ([`RdmaConfig::memory_per_connection`]) fits in
+    /// half of `memory_total` bytes (the machine's memory), and no more
+    /// than `open_files` (each connection takes a file descriptor for its
+    /// completion channel: see [`crate::tcp::default_max_connections`]).
+    /// At least 1.
+    pub fn default_max_connections(&self, memory_total: u64, open_files: usize) -> usize {
         let per = self.memory_per_connection().max(1) as u64;
         usize::try_from(memory_total / 2 / per)
             .unwrap_or(usize::MAX)
+            .min(open_files)
             .max(1)
     }
 
-    /// Bytes of one chunk buffer (and the largest call assembled from
-    /// chunks).
+    /// The largest call assembled from chunks, and the most reply data
+    /// staged for one call.
     pub fn chunk_size(&self) -> usize {
         self.max_io as usize + 64 * 1024
     }
@@ -132,16 +148,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_connection_cap_fits_half_the_memory() {
+    fn the_default_connection_cap_fits_half_the_memory_and_the_open_files() {
         let cfg = RdmaConfig::default();
         let per = cfg.memory_per_connection() as u64;
         // 2 GiB: 1 GiB of registered memory for connections.
-        let n = cfg.max_connections_for_memory(2 << 30);
+        let n = cfg.default_max_connections(2 << 30, usize::MAX);
         assert_eq!(n as u64, (1 << 30) / per);
         assert!(n as u64 * per <= 1 << 30 && (n as u64 + 1) * per > 1 << 30);
+        // Fewer file descriptors than that: as many as there are.
+        assert_eq!(cfg.default_max_connections(2 << 30, 960), 960);
+        assert_eq!(cfg.default_max_connections(64 << 30, 960), 960);
         // A machine too small for one still serves one.
-        assert_eq!(cfg.max_connections_for_memory(per), 1);
-        assert_eq!(cfg.max_connections_for_memory(0), 1);
+        assert_eq!(cfg.default_max_connections(per, 960), 1);
+        assert_eq!(cfg.default_max_connections(0, 960), 1);
+        assert_eq!(cfg.default_max_connections(2 << 30, 0), 1);
     }
 
     #[test]
@@ -165,11 +185,15 @@ mod tests {
 
     #[test]
     fn memory_per_connection_counts_every_buffer() {
-        // 128 receive and 128 send buffers of 4 KiB, 4 chunk buffers of
-        // 1 MiB + 64 KiB.
+        // 128 receive and 128 send buffers of 4 KiB: 1 MiB.
+        let cfg = RdmaConfig::default();
+        assert_eq!(cfg.memory_per_connection(), 2 * 128 * 4096);
+        assert_eq!(cfg.memory_per_connection(), 1 << 20);
+        // Per chunk slot (4), a call's landing and its staged reply data
+        // of at most 1 MiB + 64 KiB each, from the arena.
         assert_eq!(
-            RdmaConfig::default().memory_per_connection(),
-            2 * 128 * 4096 + 4 * ((1 << 20) + (64 << 10))
+            cfg.chunk_memory_per_connection(),
+            2 * 4 * ((1 << 20) + (64 << 10))
         );
     }
 }

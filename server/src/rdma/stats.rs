@@ -41,8 +41,13 @@ pub struct RdmaStats {
     pub discarded: AtomicU64,
     /// The last credit grant.
     pub credits_granted: AtomicU64,
-    /// Payload bytes copied between chunk buffers and the store.
+    /// Payload bytes copied into staging blocks for RDMA Writes (data of
+    /// a reply that was not in arena memory).
     pub payload_copies: AtomicU64,
+    /// Calls answered with ERR_CHUNK because the arena had no memory left
+    /// for their Read chunks to land in or for their reply's data to be
+    /// staged in.
+    pub arena_exhausted: AtomicU64,
     /// Connections ended by an error.
     pub errors: AtomicU64,
     /// Connect requests rejected because `max_connections` were open.
@@ -113,7 +118,7 @@ impl RdmaStats {
         format!(
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
-             discarded {}, credits granted {}, payload bytes copied {}, connection errors {}, connections refused over the cap {}, \
+             discarded {}, credits granted {}, payload bytes copied {}, calls refused for want of arena memory {}, connection errors {}, connections refused over the cap {}, \
              closed for want of a receive at the peer (RNR) {}, \
              calls found polling {} / after a wake-up {}, idle wake-ups {}, receives held at most {}, \
              gaps before calls found polling in us: {}\n",
@@ -134,6 +139,7 @@ impl RdmaStats {
             g(&self.discarded),
             g(&self.credits_granted),
             g(&self.payload_copies),
+            g(&self.arena_exhausted),
             g(&self.errors),
             g(&self.refused_connections),
             g(&self.peer_not_receiving),

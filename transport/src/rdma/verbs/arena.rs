@@ -83,6 +83,11 @@ impl Arena {
         &self.pd
     }
 
+    /// The most bytes it registers.
+    pub fn limit_bytes(&self) -> usize {
+        self.limit_bytes
+    }
+
     /// Bytes registered so far.
     pub fn registered_bytes(&self) -> usize {
         self.regions
