@@ -425,6 +425,35 @@ class OldCounters(unittest.TestCase):
         self.assertEqual(rows, [["nfsrdmad RDMA", "10", "- / 100 / 120", "-", "-"], ["kernel nfsd RDMA", "-", "-", "4", "- / 200 / 220"]])
 
 
+class Contention(unittest.TestCase):
+    """compare --contend N: recorded in meta.txt, carried into results.json
+    and named under the QD1 table; runs without it say nothing of it."""
+
+    def note(self, res):
+        _, _, _, notes = by_title(dr.tables(res))[NFS_TABLE]
+        return [n for n in notes if n.startswith("Under contention")]
+
+    def test_unpinned_and_pinned_hogs_are_named(self):
+        res = collected(V3, meta={"nfs_vers": "3", "contend": "2", "contend_cpu": ""})
+        self.assertEqual((res["nfs"]["contend"], res["nfs"]["contend_cpu"]), (2, None))
+        self.assertEqual(
+            self.note(res),
+            ["Under contention: 2 CPU-bound processes (unpinned) ran in the machine throughout the rounds, the same for every target."],
+        )
+        res = collected(V3, meta={"nfs_vers": "3", "contend": "1", "contend_cpu": "1"})
+        self.assertEqual((res["nfs"]["contend"], res["nfs"]["contend_cpu"]), (1, "1"))
+        self.assertEqual(
+            self.note(res),
+            ["Under contention: 1 CPU-bound process (pinned to CPU 1) ran in the machine throughout the rounds, the same for every target."],
+        )
+
+    def test_no_contention_and_runs_from_before_the_option(self):
+        for meta in ({"nfs_vers": "3", "contend": "0", "contend_cpu": ""}, {"nfs_vers": "3"}):
+            res = collected(V3, meta=meta)
+            self.assertEqual(res["nfs"]["contend"], 0)
+            self.assertEqual(self.note(res), [])
+
+
 class Options(unittest.TestCase):
     """The --vers option is checked before anything runs."""
 
@@ -449,6 +478,26 @@ class Options(unittest.TestCase):
         out = self.run_script(compare, "--vers", "4.2")
         self.assertEqual(out.returncode, 1)
         self.assertIn("compare: error: --vers wants 3,4.2", out.stderr)
+
+    def test_bad_contention_options(self):
+        demo = os.path.join(SCRIPTS, "demo")
+        compare = os.path.join(ROOT, "tests", "vm", "guest", "compare")
+        for argv, err in (
+            ([demo, "--contend", "x"], "--contend wants a number of processes, 0 to 64 (got 'x')"),
+            ([demo, "--contend", "65"], "--contend wants a number of processes, 0 to 64 (got '65')"),
+            ([demo, "--contend", "1", "--contend-cpu", "a"], "--contend-cpu wants a CPU number (got 'a')"),
+            ([demo, "--contend-cpu", "1"], "--contend-cpu goes with --contend N (N > 0)"),
+            ([compare, "--contend", "-1"], "compare: error: --contend wants a number of processes, 0 to 64"),
+            ([compare, "--contend", "1", "--contend-cpu", "z"], "compare: error: --contend-cpu wants a CPU number"),
+        ):
+            out = self.run_script(*argv, "--parts", "nfs")
+            self.assertEqual(out.returncode, 1, (argv, out.stderr))
+            self.assertIn(err, out.stderr)
+            self.assertNotIn("== setup", out.stderr)
+        out = self.run_script(demo, "--help")
+        self.assertIn("--contend N", out.stdout)
+        out = self.run_script(compare, "--help")
+        self.assertIn("--contend N", out.stdout)
 
 
 if __name__ == "__main__":
