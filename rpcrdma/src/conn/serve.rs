@@ -509,11 +509,10 @@ fn start_arrivals<L: Piece>(c: &mut Connection<L>) {
                 if chunked {
                     c.serve.chunk_slots_free -= 1;
                 }
-                let chunk = chunked;
                 let needs_reads = inc.needs_reads();
                 let call = c.serve.calls.get_mut(&id).expect("an arrival is held");
                 call.slot = slot;
-                call.chunk = chunk;
+                call.chunk = chunked;
                 c.serve.arrivals.pop_front();
                 if needs_reads {
                     call.phase = Phase::Landing;

@@ -64,7 +64,6 @@ pub fn land(
     v: &Verbs,
 ) -> Result<Option<(Landing, Vec<ReadOp>, u64)>, VerbsError> {
     use crate::store::blocks::BLOCK_SIZE as BLK;
-    let class = |n: usize| n.max(4096).next_power_of_two().min(BLK);
     // A WRITE's data lands so that its file blocks line up with landing
     // blocks: the store can then take whole landing blocks over.
     let skew = write_offset(&call.inline).map_or(0, |o| (o % BLK as u64) as usize);
@@ -81,7 +80,7 @@ pub fn land(
         };
         let bounds = landing_pieces(total, head);
         for &n in &bounds {
-            blocks.push((class(n), Vec::new()));
+            blocks.push((block_class(n), Vec::new()));
         }
         let mut piece = first;
         let mut in_piece = 0usize;
@@ -278,14 +277,21 @@ pub fn run(
     Ok(reply.class)
 }
 
+/// The arena block size that holds `n` bytes (up to a 64 KiB block): the
+/// smallest power of two from 4 KiB.
+fn block_class(n: usize) -> usize {
+    n.max(4096)
+        .next_power_of_two()
+        .min(crate::store::blocks::BLOCK_SIZE)
+}
+
 /// Copies `data` into staging blocks from the arena (64 KiB each; the last
 /// in the smallest block class that holds what is left) and adds them to
 /// `pieces`. False when the arena is exhausted.
 fn stage(data: &[u8], v: &Verbs, pieces: &mut Vec<Local>) -> Result<bool, VerbsError> {
     use crate::store::blocks::BLOCK_SIZE as BLK;
     for part in data.chunks(BLK) {
-        let class = part.len().max(4096).next_power_of_two().min(BLK);
-        let Some(mut b) = v.arena.alloc(class)? else {
+        let Some(mut b) = v.arena.alloc(block_class(part.len()))? else {
             return Ok(false);
         };
         b.as_mut()[..part.len()].copy_from_slice(part);
