@@ -1,11 +1,12 @@
 //! Load over RPC-over-RDMA, in the Soft-RoCE VM (`scripts/test-vm --
 //! vm_load --nocapture`): 64 client connections (the library's RDMA
-//! transport, one per `Client`), each keeping 32 calls in flight — 4 KiB
-//! WRITEs and READs of its own file, every READ checked against the last
-//! WRITE of that block — against the nfsrdmad binary for
-//! `NFSRDMA_LOAD_SECS` seconds (default 60). Every call must succeed with
-//! the right data, no connection may starve, and the daemon's memory must
-//! stay within the bound its design sets.
+//! transport, one per `Client`), each keeping 32 calls in flight, and 256
+//! connections each keeping 8 — 4 KiB WRITEs and READs of its own file,
+//! every READ checked against the last WRITE of that block — against the
+//! nfsrdmad binary for `NFSRDMA_LOAD_SECS` seconds (default 60 and 30).
+//! Every call must succeed with the right data, no connection may starve,
+//! the daemon's memory must stay within the bound its design sets, and its
+//! RDMA threads must stay the pool's, however many connections it serves.
 
 mod common;
 
@@ -21,11 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Barrier;
 
-const CONNS: usize = 64;
-const DEPTH: usize = 32;
 const BLOCK: usize = 4096;
-/// Blocks of each connection's file (256 KiB); task `t` owns the blocks
-/// `b` with `b % DEPTH == t`, so no two calls race on a block.
+/// Blocks of each connection's file (256 KiB); task `t` of `depth` owns
+/// the blocks `b` with `b % depth == t`, so no two calls race on a block.
 const BLOCKS: usize = 64;
 const TCP_PORT: u16 = 7049;
 const RDMA_PORT: u16 = 27049;
@@ -71,8 +70,14 @@ fn block(conn: usize, b: usize, version: u32) -> Bytes {
 
 /// One in-flight slot of a connection: WRITEs and READs of its blocks
 /// until `end`; returns the calls it made.
-async fn worker(c: Client, fh: NfsFh3, conn: usize, task: usize, end: Instant) -> u64 {
-    let mine: Vec<usize> = (task..BLOCKS).step_by(DEPTH).collect();
+async fn worker(
+    c: Client,
+    fh: NfsFh3,
+    conn: usize,
+    (task, depth): (usize, usize),
+    end: Instant,
+) -> u64 {
+    let mine: Vec<usize> = (task..BLOCKS).step_by(depth).collect();
     let mut version = vec![0u32; mine.len()];
     let mut calls = 0u64;
     let mut i = 0usize;
@@ -105,8 +110,13 @@ async fn worker(c: Client, fh: NfsFh3, conn: usize, task: usize, end: Instant) -
 }
 
 /// One connection: mounts, lays its file out, waits for the others at
-/// `ready`, then runs `DEPTH` workers for `run`.
-async fn drive(opts: ConnectOptions, conn: usize, ready: Arc<Barrier>, run: Duration) -> u64 {
+/// `ready`, then runs `depth` workers for `run`.
+async fn drive(
+    opts: ConnectOptions,
+    (conn, depth): (usize, usize),
+    ready: Arc<Barrier>,
+    run: Duration,
+) -> u64 {
     let c = Client::connect(&opts, &rdma_ip().to_string(), "/export")
         .await
         .unwrap_or_else(|e| panic!("conn {conn}: connect over RDMA: {e}"));
@@ -135,8 +145,8 @@ async fn drive(opts: ConnectOptions, conn: usize, ready: Arc<Barrier>, run: Dura
     }
     ready.wait().await;
     let end = Instant::now() + run;
-    let tasks: Vec<_> = (0..DEPTH)
-        .map(|t| tokio::spawn(worker(c.clone(), fh.clone(), conn, t, end)))
+    let tasks: Vec<_> = (0..depth)
+        .map(|t| tokio::spawn(worker(c.clone(), fh.clone(), conn, (t, depth), end)))
         .collect();
     let mut calls = 0;
     for t in tasks {
@@ -159,9 +169,32 @@ impl Drop for Daemon {
     }
 }
 
+/// The daemon's threads whose names start with `rdma-` (its connection
+/// manager and pool threads).
+fn rdma_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|n| n.starts_with("rdma-"))
+        .count()
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn vm_load_64_rdma_connections_at_depth_32() {
+    load(64, 32, 60);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn vm_load_256_rdma_connections_at_depth_8() {
+    load(256, 8, 30);
+}
+
+/// `conns` connections, each keeping `depth` calls in flight, for
+/// `NFSRDMA_LOAD_SECS` seconds (default `secs`), against a daemon with 2
+/// RDMA pool threads.
+fn load(conns: usize, depth: usize, secs: u64) {
     assert_eq!(
         std::env::var("NFSRDMA_VM").as_deref(),
         Ok("1"),
@@ -171,7 +204,7 @@ fn vm_load_64_rdma_connections_at_depth_32() {
     let secs: u64 = std::env::var("NFSRDMA_LOAD_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(secs);
     let ip = rdma_ip();
     let mut child = Daemon(
         Command::new(nfsrdmad())
@@ -183,6 +216,8 @@ fn vm_load_64_rdma_connections_at_depth_32() {
                 "--rdma",
                 &format!("{ip}:{RDMA_PORT}"),
                 "--no-rpcbind",
+                "--rdma-threads",
+                "2",
             ])
             // Warnings, and why each RDMA connection ended (at info) if
             // one does: the reason a connection reconnects is in one of
@@ -201,6 +236,9 @@ fn vm_load_64_rdma_connections_at_depth_32() {
     }
     let pid = child.0.id();
     let rss_start = rss_kib(pid);
+    // The connection manager and the pool.
+    let rdma_start = rdma_threads(pid);
+    assert_eq!(rdma_start, 3, "the daemon's rdma- threads at start");
     let opts = ConnectOptions {
         transport: TransportKind::Rdma,
         port: Some(RDMA_PORT),
@@ -209,7 +247,7 @@ fn vm_load_64_rdma_connections_at_depth_32() {
         timeo: Duration::from_secs(120),
         rsize: Some(BLOCK as u32),
         wsize: Some(BLOCK as u32),
-        max_in_flight: DEPTH,
+        max_in_flight: depth,
         rdma: RdmaOptions::default(),
         ..ConnectOptions::default()
     };
@@ -219,21 +257,25 @@ fn vm_load_64_rdma_connections_at_depth_32() {
         .build()
         .unwrap();
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(rss_start));
+    let threads_peak = Arc::new(std::sync::atomic::AtomicUsize::new(rdma_start));
     let (per_conn, secs_run) = rt.block_on(async {
         let start = Instant::now();
-        let p = peak.clone();
+        let (p, tp) = (peak.clone(), threads_peak.clone());
         let sampler = tokio::spawn(async move {
             loop {
                 p.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                tp.fetch_max(rdma_threads(pid), std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
         // The measured run starts once every connection is set up.
-        let ready = Arc::new(Barrier::new(CONNS));
-        let tasks: Vec<_> = (0..CONNS)
+        let ready = Arc::new(Barrier::new(conns));
+        let tasks: Vec<_> = (0..conns)
             .map(|i| {
                 let (o, r) = (opts.clone(), ready.clone());
-                tokio::spawn(async move { drive(o, i, r, Duration::from_secs(secs)).await })
+                tokio::spawn(
+                    async move { drive(o, (i, depth), r, Duration::from_secs(secs)).await },
+                )
             })
             .collect();
         let mut out = Vec::new();
@@ -245,28 +287,34 @@ fn vm_load_64_rdma_connections_at_depth_32() {
     });
     peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let threads_peak = threads_peak.load(std::sync::atomic::Ordering::Relaxed);
     drop(child);
 
     let total: u64 = per_conn.iter().sum();
     let min = *per_conn.iter().min().unwrap();
     let max = *per_conn.iter().max().unwrap();
     println!(
-        "vm_load: {CONNS} RDMA connections x depth {DEPTH} for {secs} s ({secs_run} s with set-up): \
+        "vm_load: {conns} RDMA connections x depth {depth} for {secs} s ({secs_run} s with set-up): \
          {total} calls, per connection min {min} max {max}; server RSS start {rss_start} KiB, \
-         peak {peak} KiB"
+         peak {peak} KiB; server rdma- threads {rdma_start} at start, at most {threads_peak}"
+    );
+    // The connections are served by the pool: no thread per connection.
+    assert_eq!(
+        threads_peak, rdma_start,
+        "the daemon's rdma- threads grew from {rdma_start} to {threads_peak} with {conns} connections"
     );
     // No connection starves.
     assert!(min > 0, "a connection made no progress");
     assert!(min * 20 >= max, "unfair service: min {min}, max {max}");
     // The bound from the design: each connection's registered memory at
     // the default settings (128 receive and 128 send buffers of 4 KiB =
-    // 1,024 KiB) plus 256 KiB of thread and bookkeeping per connection;
+    // 1,024 KiB) plus 256 KiB of queues and bookkeeping per connection;
     // the store's arena, registered (so resident) 64 MiB at a time: the six
     // regions nfsrdmad sets aside beyond the stores' capacity (the first
     // region of each of the five block classes, 4-64 KiB, and one for the
     // landing and staging blocks of calls in flight; the 16 MiB of files
     // fit them); 16 MiB for the empty daemon's growth.
-    let bound = rss_start + CONNS as u64 * (1024 + 256) + 6 * 64 * 1024 + 16 * 1024;
+    let bound = rss_start + conns as u64 * (1024 + 256) + 6 * 64 * 1024 + 16 * 1024;
     assert!(
         peak <= bound,
         "server RSS peaked at {peak} KiB, above the bound {bound} KiB"

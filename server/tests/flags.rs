@@ -57,6 +57,14 @@ fn bad_rdma_settings_are_refused_by_name() {
         ),
         (&["--credits", "0"][..], "--credits must be at least 1"),
         (
+            &["--rdma-threads", "0"][..],
+            "--rdma-threads must be between 1 and 1024",
+        ),
+        (
+            &["--rdma-threads", "1025"][..],
+            "--rdma-threads must be between 1 and 1024",
+        ),
+        (
             &["--inline", "3000"][..],
             "--inline must be a multiple of 1K",
         ),

@@ -1669,6 +1669,20 @@ fn proc_kib(file: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {file}"))
 }
 
+/// This process's threads now.
+fn threads() -> usize {
+    proc_kib("/proc/self/status", "Threads:") as usize
+}
+
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
 /// CPU time this process has used (user + system), from `/proc/self/stat`.
 fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
@@ -1695,31 +1709,31 @@ struct Idle {
 
 /// 1,000 connect requests that never send a byte, each held open, against
 /// the cap the daemon derives when `--max-connections` is not given (half
-/// of `MemTotal` over `memory_per_connection`, and no more than the
-/// open-file limit less 64): the connections beyond it are rejected and
-/// counted, the server's memory grows by no more than the cap's worth of
-/// connection buffers, a well-behaved client is answered throughout, the
-/// held connections' threads wake about once a second each, and
-/// once the peers leave every connection is released and the process goes
-/// back to idle.
+/// of `MemTotal` over `memory_per_connection`): the connections beyond it
+/// are rejected and counted, the server's memory grows by no more than the
+/// cap's worth of connection buffers, a well-behaved client is answered
+/// throughout, the server serves them all on its pool threads (the
+/// process's thread count does not grow with the connections) which wake
+/// about once a second each, and once the peers leave every connection is
+/// released and the process goes back to idle.
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn a_thousand_connects_that_never_send() {
     const N: usize = 1000;
     let mem_total = proc_kib("/proc/meminfo", "MemTotal:") * 1024;
-    // Receive and send buffers of 32 KiB (512 KiB a connection), so that
-    // the connections' buffers are most of what they take.
+    // Receive and send buffers of 64 KiB (1 MiB a connection), so that
+    // the connections' buffers are most of what they take and the cap is
+    // below N in the 2 GiB test VM.
     let cfg = RdmaConfig {
-        inline_size: 32 << 10,
+        inline_size: 64 << 10,
+        threads: 2,
         ..rdma_config()
     };
-    let open_files = nfsrdma_server::tcp::default_max_connections();
-    let cap = cfg.default_max_connections(mem_total, open_files);
+    let cap = cfg.default_max_connections(mem_total);
     let per_conn = cfg.memory_per_connection() as u64;
     assert!(
         cap < N,
-        "the cap ({cap}) should be below {N} in the test VM (MemTotal {mem_total} B, \
-         {open_files} connections for the open-file limit)"
+        "the cap ({cap}) should be below {N} in the test VM (MemTotal {mem_total} B)"
     );
     let srv = Server::start_config(RdmaConfig {
         max_connections: cap,
@@ -1728,6 +1742,8 @@ fn a_thousand_connects_that_never_send() {
     let mut good = Peer::connect(&srv);
     check_good(&mut good, &srv);
     let rss_before = proc_kib("/proc/self/status", "VmRSS:") * 1024;
+    // The server's threads are up (its connection manager and pool).
+    let threads_before = threads();
 
     let ch = EventChannel::new().expect("event channel");
     let first = CmId::new(&ch).expect("cm id");
@@ -1809,11 +1825,17 @@ fn a_thousand_connects_that_never_send() {
     let wakeups = srv.stats.idle_wakeups.load(Ordering::Relaxed) - wakeups_held;
     let held_for = held_for.elapsed();
     let cpu_while_held = cpu_time() - cpu_held;
+    let threads_held = threads();
+    let pool_threads = thread_names()
+        .iter()
+        .filter(|n| n.starts_with("rdma-pool-"))
+        .count();
     println!(
         "a_thousand_connects_that_never_send: MemTotal {} MiB, cap {cap} \
          ({} KiB per connection), {} held, {rejected} rejected in {connect_time:?}; \
          RSS {} -> {} MiB (+{} MiB; the cap's buffers: {} MiB); \
          CPU over 3 s with them held: {cpu_while_held:?}, idle wake-ups {wakeups}; \
+         threads {threads_before} before them, {threads_held} with them; \
          good client's NULL + GETATTR: {good_took:?}",
         mem_total >> 20,
         per_conn >> 10,
@@ -1827,14 +1849,22 @@ fn a_thousand_connects_that_never_send() {
         grew <= budget + budget / 4 + (64 << 20),
         "RSS grew by {grew} B with {cap} connections of {per_conn} B each"
     );
-    // An idle connection's thread sleeps until a completion comes, waking
-    // to no purpose about once a second (`conn::IDLE_WAIT`): a connection that
-    // sends nothing costs next to no CPU while it is held.
-    let per_conn_limit = held_for.as_secs_f64().ceil() as u64 + 1;
+    // The connections are served by the pool's threads: the process has
+    // no thread more than before them (the test's own peers have none).
     assert!(
-        wakeups <= cap as u64 * per_conn_limit,
-        "{wakeups} idle wake-ups in {held_for:?} from {cap} connections: more than \
-         {per_conn_limit} each"
+        threads_held <= threads_before,
+        "{threads_held} threads with {cap} connections, {threads_before} before them"
+    );
+    assert_eq!(pool_threads, 2, "pool threads: {pool_threads}");
+    // A pool thread with only idle connections sleeps until a completion
+    // comes, waking to no purpose about once a second (`worker::IDLE_WAIT`):
+    // connections that send nothing cost next to no CPU while they are
+    // held, and no more wake-ups than a single one would.
+    let per_thread_limit = held_for.as_secs_f64().ceil() as u64 + 1;
+    assert!(
+        wakeups <= 2 * per_thread_limit,
+        "{wakeups} idle wake-ups in {held_for:?} from 2 pool threads: more than \
+         {per_thread_limit} each"
     );
     for p in &held {
         p.id.disconnect().expect("disconnect");

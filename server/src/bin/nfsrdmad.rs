@@ -69,6 +69,11 @@ struct Args {
     /// counts from each reply's completion; 16 otherwise].
     #[arg(long, value_name = "N")]
     signal_every: Option<u32>,
+    /// RDMA: threads serving the connections (1..=1024), each waiting for
+    /// the completions of the connections placed on it (the one with the
+    /// fewest connections takes the next) [default: one per core].
+    #[arg(long, value_name = "N")]
+    rdma_threads: Option<usize>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
@@ -90,7 +95,7 @@ struct Args {
     /// requests rejected, counted and logged [default: over TCP the
     /// open-file limit (soft RLIMIT_NOFILE) less 64; over RDMA as many as
     /// half the machine's memory can register, at the memory per
-    /// connection logged at start, and no more than over TCP].
+    /// connection logged at start].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
     /// Close a TCP connection on which no record completes for SECS while
@@ -141,6 +146,7 @@ struct Config {
     inline: Option<String>,
     poll: Option<String>,
     signal_every: Option<u32>,
+    rdma_threads: Option<usize>,
     capacity: Option<String>,
     max_inodes: Option<u64>,
     workers: Option<usize>,
@@ -418,13 +424,17 @@ fn start() -> Result<()> {
     } else {
         rdma.signal_every = RdmaConfig::default_signal_every(rdma.poll);
     }
+    if let Some(n) = args.rdma_threads.or(cfg.rdma_threads) {
+        if !(1..=1024).contains(&n) {
+            bail!("--rdma-threads must be between 1 and 1024 (got {n})");
+        }
+        rdma.threads = n;
+    }
     if args.max_connections.or(cfg.max_connections).is_none() {
         // As many connections as half the machine's memory can register
-        // (the settings above decide how much each takes), and as the
-        // open-file limit allows.
+        // (the settings above decide how much each takes).
         if let Some(total) = memory_total() {
-            rdma.max_connections =
-                rdma.default_max_connections(total, nfsrdma_server::tcp::default_max_connections());
+            rdma.max_connections = rdma.default_max_connections(total);
         }
     }
     // The RDMA device comes first: the stores take their blocks from its
@@ -602,8 +612,8 @@ async fn run(
         let per_conn = cfg.memory_per_connection();
         let chunk_per_conn = cfg.chunk_memory_per_connection();
         let arena_limit = device.arena_limit();
-        let (poll, signal_every, max_connections) =
-            (cfg.poll, cfg.signal_every, cfg.max_connections);
+        let (poll, signal_every, max_connections, threads) =
+            (cfg.poll, cfg.signal_every, cfg.max_connections, cfg.threads);
         let l = RdmaListener::start(service.clone(), cfg, device)
             .with_context(|| format!("RDMA listener on {addr}"))?;
         tracing::info!(
@@ -614,6 +624,7 @@ async fn run(
             max_connections,
             poll = %poll,
             signal_every,
+            threads,
             "serving NFS over RPC-over-RDMA"
         );
         println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());

@@ -1,8 +1,8 @@
-//! A connection's thread: waits for completions (the completion engine's
-//! [`Poller`]), hands each to the connection core, and carries out what
-//! the core yields: receives posted (once nothing holds their buffer),
-//! RDMA Read chains into landing blocks, RDMA Writes and Sends. It decides
-//! nothing about the protocol.
+//! One connection, as a pool thread ([`super::worker`]) drives it: each
+//! completion of its queue pair goes to the connection core, and what the
+//! core yields is carried out: receives posted (once nothing holds their
+//! buffer), RDMA Read chains into landing blocks, RDMA Writes and Sends.
+//! It decides nothing about the protocol.
 
 use super::calls::{self, Landing, Local};
 use super::RdmaStats;
@@ -11,33 +11,19 @@ use crate::service::{CallContext, Service};
 use nfsrdma_rpcrdma::conn::{
     CallId, ConnError as CoreError, Connection, Event, SendOp, Stats, Work, WrId, WrKind,
 };
-use nfsrdma_transport::rdma::engine::{Poller, WAIT_SLICE};
 use nfsrdma_transport::rdma::verbs::{
-    Arena, CompletionChannel, CompletionError, CompletionQueue, MemoryRegion, QueuePair, RecvRing,
-    RemoteBuf, SendFlags, SendOp as VerbsOp, SendWr, Sge, VerbsError, WorkCompletion,
+    Arena, CompletionError, MemoryRegion, QueuePair, RecvRing, RemoteBuf, SendFlags,
+    SendOp as VerbsOp, SendWr, Sge, VerbsError, WorkCompletion,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// The longest sleep of a connection thread while every receive is
-/// posted. Only a completion has work for the thread then: a stop comes
-/// with the disconnect, which flushes the posted receives and so wakes it.
-/// The limit only bounds how long a wake-up that never comes could delay
-/// that stop; each idle connection pays one wake-up per `IDLE_WAIT`
-/// ([`RdmaStats::idle_wakeups`]). While a receive waits for its buffer
-/// (deferred), the thread looks again every [`WAIT_SLICE`].
-pub const IDLE_WAIT: Duration = Duration::from_secs(1);
+use std::time::Instant;
 
 /// A connection's verbs objects and registered memory.
 pub struct Verbs {
     /// The queue pair.
     pub qp: Arc<QueuePair>,
-    /// Its completion queue (sends and receives).
-    pub _cq: Arc<CompletionQueue>,
-    /// The completion queue's channel.
-    pub _channel: Arc<CompletionChannel>,
     /// Receive buffers, one per credit.
     pub ring: RecvRing,
     /// Send buffers, one per send slot.
@@ -67,7 +53,6 @@ pub enum ConnError {
 pub struct Conn {
     core: Connection<Local>,
     v: Verbs,
-    poller: Poller,
     service: Arc<Service>,
     ctx: CallContext,
     stats: Arc<RdmaStats>,
@@ -97,7 +82,6 @@ impl Conn {
     pub fn new(
         core: Connection<Local>,
         v: Verbs,
-        poller: Poller,
         service: Arc<Service>,
         ctx: CallContext,
         stats: Arc<RdmaStats>,
@@ -108,7 +92,6 @@ impl Conn {
         Conn {
             core,
             v,
-            poller,
             service,
             ctx,
             stats,
@@ -123,71 +106,52 @@ impl Conn {
         }
     }
 
-    /// Waits for completions and works until `stop` is set or the
-    /// connection ends.
-    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), ConnError> {
-        let mut wcs = Vec::with_capacity(64);
-        let mut timeouts = self.poller.stats().wait_timeouts;
-        loop {
-            if stop.load(Ordering::Acquire) {
-                self.core.close_now();
-                return Ok(());
-            }
-            self.poller.set_wait_slice(if self.deferred.is_empty() {
-                IDLE_WAIT
-            } else {
-                WAIT_SLICE
-            });
-            wcs.clear();
-            if self.poller.wait(&mut wcs)? == 0 {
-                let now = self.poller.stats().wait_timeouts;
-                if now != timeouts {
-                    self.stats
-                        .idle_wakeups
-                        .fetch_add(now - timeouts, Ordering::Relaxed);
-                    timeouts = now;
-                }
-                self.post_deferred()?;
-                continue;
-            }
-            // What the thread waits for is the next call: the time it took
-            // to come after the last work (a reply's completion, mostly) is
-            // what `auto` learns, and whether the thread was awake to see
-            // it is what the counters tell.
-            if wcs
-                .iter()
-                .any(|wc| wc.is_ok() && WrId(wc.wr_id).kind() == Some(WrKind::Recv))
-            {
-                let found = self.poller.awaited();
-                let counter = if found.polling {
-                    &self.stats.polled_calls
-                } else {
-                    &self.stats.woken_calls
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                if let Some(gap) = found.gap {
-                    self.stats.note_gap(gap);
-                }
-            }
-            self.batch_at = self.poller.worked();
-            for wc in wcs.drain(..) {
-                self.completion(wc)?;
-            }
-            // The messages held now include every call this batch brought,
-            // none of them answered yet: the connection's peak.
-            let held = self.core.held_receives();
-            if held > self.held_peak {
-                self.held_peak = held;
-                self.stats
-                    .receives_held_peak
-                    .fetch_max(u64::from(held), Ordering::Relaxed);
-            }
-            self.drive()?;
-            self.post_deferred()?;
-        }
+    /// The peer's address.
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.ctx.peer
     }
 
-    fn completion(&mut self, wc: WorkCompletion) -> Result<(), ConnError> {
+    /// The queue pair's number: its completions carry it.
+    pub fn qp_num(&self) -> u32 {
+        self.v.qp.qp_num()
+    }
+
+    /// Whether receives wait for their buffers: its pool thread then looks
+    /// again soon instead of sleeping until a completion comes.
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
+    /// Ends the connection at once (the listener is stopping or the
+    /// connection manager reported the peer gone): nothing more is posted.
+    pub fn close_now(&mut self) {
+        self.core.close_now();
+    }
+
+    /// One completion of this connection's queue pair, seen at `seen`
+    /// (the arrival of a call it brings).
+    pub fn completion(&mut self, wc: WorkCompletion, seen: Instant) -> Result<(), ConnError> {
+        self.batch_at = seen;
+        self.complete(wc)
+    }
+
+    /// After a batch of completions: records the receives held (the
+    /// connection's peak includes every call the batch brought, none of
+    /// them answered yet), carries out the work they led to and posts the
+    /// receives whose buffers came free.
+    pub fn after_batch(&mut self) -> Result<(), ConnError> {
+        let held = self.core.held_receives();
+        if held > self.held_peak {
+            self.held_peak = held;
+            self.stats
+                .receives_held_peak
+                .fetch_max(u64::from(held), Ordering::Relaxed);
+        }
+        self.drive()?;
+        self.post_deferred()
+    }
+
+    fn complete(&mut self, wc: WorkCompletion) -> Result<(), ConnError> {
         let wr = WrId(wc.wr_id);
         if wr.kind() == Some(WrKind::Read) {
             // The chain's blocks come back to its landing whatever the
@@ -339,7 +303,7 @@ impl Conn {
 
     /// Receives whose buffers were still held when the core gave them
     /// back.
-    fn post_deferred(&mut self) -> Result<(), ConnError> {
+    pub fn post_deferred(&mut self) -> Result<(), ConnError> {
         let mut i = 0;
         while i < self.deferred.len() {
             let (b, wr) = self.deferred[i];

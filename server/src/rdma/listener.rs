@@ -3,15 +3,15 @@
 //! objects), starts its thread, and tears connections down when the peer
 //! goes or the listener stops.
 
-use super::conn::{Conn, ConnError, Verbs};
+use super::conn::{Conn, Verbs};
+use super::worker::{Placement, Pool};
 use super::{RdmaConfig, RdmaDevice, RdmaStats};
 use crate::service::{CallContext, Service};
 use nfsrdma_rpcrdma::conn::{Config, Connection};
 use nfsrdma_rpcrdma::negotiate::{self, Offer};
-use nfsrdma_transport::rdma::engine::Poller;
 use nfsrdma_transport::rdma::verbs::{
-    Access, CmEventKind, CmId, CmIdHandle, CompletionChannel, CompletionQueue, ConnParam,
-    ConnectRequest, EventChannel, MemoryRegion, QpCaps, RecvRing, VerbsError,
+    Access, CmEventKind, CmId, CmIdHandle, ConnParam, ConnectRequest, EventChannel, MemoryRegion,
+    QpCaps, RecvRing, VerbsError,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,18 +39,34 @@ impl RdmaListener {
         cfg: RdmaConfig,
         device: Arc<RdmaDevice>,
     ) -> Result<RdmaListener, VerbsError> {
+        let stats = Arc::new(RdmaStats::default());
+        let attrs = device.ctx.query()?;
+        let credits = cfg.credits.max(1);
+        let per_connection =
+            Pool::entries_per_connection(send_queue_depth(credits, attrs.max_qp_wr), credits);
+        let pool = Pool::start(
+            &device.ctx,
+            cfg.threads,
+            cfg.poll,
+            per_connection,
+            attrs.max_cqe,
+            stats.clone(),
+        )?;
         let channel = EventChannel::new()?;
         let listen = CmId::new(&channel)?;
         listen.bind_addr(cfg.addr)?;
         listen.listen(64)?;
         let port = listen.local_port();
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(RdmaStats::default());
         let (s2, st2) = (stop.clone(), stats.clone());
         let (disconnect, requests) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("rdma-cm".into())
-            .spawn(move || cm_loop(channel, listen, service, cfg, device, s2, st2, requests))
+            .spawn(move || {
+                cm_loop(
+                    channel, listen, service, cfg, device, pool, s2, st2, requests,
+                )
+            })
             .map_err(|e| VerbsError::Call {
                 call: "spawn",
                 source: e,
@@ -102,19 +118,35 @@ impl Drop for RdmaListener {
     }
 }
 
+/// A connection as the connection manager thread knows it.
 struct ConnHandle {
     id: Arc<CmId>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    at: Placement,
+    qp_num: u32,
+    /// Set by its pool thread once it has dropped the connection.
+    done: Arc<AtomicBool>,
 }
 
-impl ConnHandle {
-    fn shut(mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = self.id.disconnect();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+/// How long the connection manager waits for a pool thread to drop a
+/// connection.
+const REMOVE_WAIT: Duration = Duration::from_secs(10);
+
+/// Asks each connection's pool thread to drop it and disconnects it, then
+/// waits until they are gone and frees their places.
+fn shut(pool: &mut Pool, conns: impl IntoIterator<Item = ConnHandle>) {
+    let pending: Vec<_> = conns
+        .into_iter()
+        .map(|c| {
+            let gone = pool.remove(&c.at, c.qp_num);
+            let _ = c.id.disconnect();
+            (c, gone)
+        })
+        .collect();
+    for (c, gone) in pending {
+        if gone.recv_timeout(REMOVE_WAIT).is_err() && !c.done.load(Ordering::Acquire) {
+            tracing::warn!("RDMA pool thread did not drop a connection in time");
         }
+        pool.release(&c.at);
     }
 }
 
@@ -125,6 +157,7 @@ fn cm_loop(
     service: Arc<Service>,
     cfg: RdmaConfig,
     device: Arc<RdmaDevice>,
+    mut pool: Pool,
     stop: Arc<AtomicBool>,
     stats: Arc<RdmaStats>,
     disconnect: mpsc::Receiver<mpsc::Sender<usize>>,
@@ -134,12 +167,10 @@ fn cm_loop(
     let mut refused_since_warning = 0u64;
     let mut last_warning: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
-        conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
+        forget_ended(&mut conns, &mut pool);
         while let Ok(done) = disconnect.try_recv() {
             let n = conns.len();
-            for (_, c) in conns.drain() {
-                c.shut();
-            }
+            shut(&mut pool, conns.drain().map(|(_, c)| c));
             stats
                 .forced_disconnects
                 .fetch_add(n as u64, Ordering::Relaxed);
@@ -159,7 +190,7 @@ fn cm_loop(
                 let Some(req) = ev.into_request() else {
                     continue;
                 };
-                conns.retain(|_, c| c.thread.as_ref().is_some_and(|t| !t.is_finished()));
+                forget_ended(&mut conns, &mut pool);
                 if conns.len() >= cfg.max_connections {
                     // Rejected at once: no queue pair, no buffers, no
                     // thread for it.
@@ -180,7 +211,7 @@ fn cm_loop(
                     }
                     continue;
                 }
-                match accept(req, &service, &cfg, &device, &stats) {
+                match accept(req, &service, &cfg, &device, &mut pool, &stats) {
                     Ok(c) => {
                         conns.insert(c.id.handle(), c);
                     }
@@ -193,15 +224,32 @@ fn cm_loop(
             | CmEventKind::Unreachable
             | CmEventKind::Rejected => {
                 if let Some(c) = conns.remove(&ev.id) {
-                    c.shut();
+                    shut(&mut pool, [c]);
                 }
             }
             _ => {}
         }
     }
-    for (_, c) in conns.drain() {
-        c.shut();
-    }
+    shut(&mut pool, conns.drain().map(|(_, c)| c));
+    pool.stop();
+}
+
+/// Forgets the connections that ended on their own (their pool thread has
+/// dropped them), freeing their places in the pool.
+fn forget_ended(conns: &mut HashMap<CmIdHandle, ConnHandle>, pool: &mut Pool) {
+    conns.retain(|_, c| {
+        let ended = c.done.load(Ordering::Acquire);
+        if ended {
+            pool.release(&c.at);
+        }
+        !ended
+    });
+}
+
+/// The send queue's depth for `credits`: room for each reply's Send and
+/// its RDMA Writes, within the device's limit.
+fn send_queue_depth(credits: u32, max_qp_wr: u32) -> u32 {
+    (4 * credits).min(max_qp_wr.max(64))
 }
 
 /// Scatter/gather entries per RDMA Write, at most.
@@ -232,14 +280,40 @@ const MAX_SEND_SGE: u32 = 16;
 /// smaller count wins).
 pub const RNR_RETRY: u8 = 3;
 
-/// Chooses both sides' parameters, sets the connection up (its receives
-/// posted before the first credit is granted) and accepts.
+/// Chooses both sides' parameters, sets the connection up on its place
+/// in the pool (its receives posted before the first credit is granted)
+/// and accepts.
 fn accept(
     req: ConnectRequest,
     service: &Arc<Service>,
     cfg: &RdmaConfig,
     device: &Arc<RdmaDevice>,
+    pool: &mut Pool,
     stats: &Arc<RdmaStats>,
+) -> Result<ConnHandle, VerbsError> {
+    let ctx = req.id.context()?;
+    if !ctx.same_as(&device.ctx) {
+        return Err(VerbsError::InvalidArgument(
+            "connection on another RDMA device than the store's".into(),
+        ));
+    }
+    let at = pool.place()?;
+    let r = set_up(req, service, cfg, device, pool, stats, &at);
+    if r.is_err() {
+        pool.release(&at);
+    }
+    r
+}
+
+/// [`accept`] once the connection has its place in the pool (`at`).
+fn set_up(
+    req: ConnectRequest,
+    service: &Arc<Service>,
+    cfg: &RdmaConfig,
+    device: &Arc<RdmaDevice>,
+    pool: &mut Pool,
+    stats: &Arc<RdmaStats>,
+    at: &Placement,
 ) -> Result<ConnHandle, VerbsError> {
     let offer = Offer::responder(cfg.inline_size);
     let agreed = negotiate::agree(&offer, Some(&req.param.private_data));
@@ -248,18 +322,10 @@ fn accept(
         .id
         .peer_addr()
         .unwrap_or_else(|| ([0, 0, 0, 0], 0).into());
-    let ctx = req.id.context()?;
-    if !ctx.same_as(&device.ctx) {
-        return Err(VerbsError::InvalidArgument(
-            "connection on another RDMA device than the store's".into(),
-        ));
-    }
-    let attrs = ctx.query()?;
+    let attrs = device.ctx.query()?;
     let pd = device.pd.clone();
-    let channel = CompletionChannel::new(&ctx)?;
     let credits = cfg.credits.max(1);
-    let sq_depth = (4 * credits).min(attrs.max_qp_wr.max(64));
-    let cq = CompletionQueue::new(&ctx, sq_depth + credits + 16, Some(&channel))?;
+    let sq_depth = send_queue_depth(credits, attrs.max_qp_wr);
     let max_sge = attrs.max_sge.clamp(1, MAX_SEND_SGE);
     let caps = QpCaps {
         max_send_wr: sq_depth,
@@ -268,7 +334,8 @@ fn accept(
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qp = req.id.create_qp(&pd, &cq, &cq, caps)?;
+    let qp = req.id.create_qp(&pd, &at.cq, &at.cq, caps)?;
+    let qp_num = qp.qp_num();
     let ring = RecvRing::new(&pd, credits as usize, ours as usize)?;
     let send_mr = MemoryRegion::new(&pd, credits as usize * ours as usize, Access::LOCAL)?;
     // In the request as the listener sees it, `initiator_depth` bounds the
@@ -294,8 +361,6 @@ fn accept(
         remote_invalidation: agreed.peer_accepts_remote_invalidation,
         ..Config::default()
     });
-    let poller = Poller::new(vec![cq.clone()], cfg.poll)
-        .map_err(|e| VerbsError::InvalidArgument(format!("completion engine: {e}")))?;
     let accept_param = ConnParam {
         private_data: offer.message().to_vec(),
         responder_resources: req
@@ -311,22 +376,36 @@ fn accept(
         core,
         Verbs {
             qp,
-            _cq: cq,
-            _channel: channel,
             ring,
             send_mr,
             arena: device.arena.clone(),
             slot_size: ours as usize,
         },
-        poller,
         service.clone(),
         CallContext { peer, local: None },
         stats.clone(),
     );
-    // Receives go up before the first credit is granted.
+    // Receives go up before the first credit is granted, and the pool
+    // thread has the connection before the peer can send: a completion of
+    // its queue pair always finds it there.
     conn.drive()
         .map_err(|e| VerbsError::InvalidArgument(format!("posting receives: {e}")))?;
-    let rnr_retry = id.accept_bounding_rnr(&accept_param, RNR_RETRY)?;
+    let done = Arc::new(AtomicBool::new(false));
+    pool.adopt(at, conn, id.clone(), done.clone())?;
+    let handle = ConnHandle {
+        id,
+        at: at.clone(),
+        qp_num,
+        done,
+    };
+    let rnr_retry = match handle.id.accept_bounding_rnr(&accept_param, RNR_RETRY) {
+        Ok(r) => r,
+        Err(e) => {
+            let gone = pool.remove(at, qp_num);
+            let _ = gone.recv_timeout(REMOVE_WAIT);
+            return Err(e);
+        }
+    };
     stats.connections.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         peer = %peer,
@@ -335,56 +414,8 @@ fn accept(
         inline_send = agreed.inline_send,
         remote_invalidation = agreed.peer_accepts_remote_invalidation,
         read_depth,
+        thread = at.thread,
         "RDMA connection"
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = stop.clone();
-    let st = stats.clone();
-    let id2 = id.clone();
-    let thread = std::thread::Builder::new()
-        .name("rdma-conn".into())
-        .spawn(move || {
-            st.open.fetch_add(1, Ordering::Relaxed);
-            match conn.run(&s2) {
-                Ok(()) => {}
-                // The peer disconnected: its queue pair's work is flushed
-                // as the connection manager reports the disconnect, which
-                // stops this thread. Not an error, unless no such report
-                // comes.
-                Err(ConnError::Flushed) if wait_for(&s2, FLUSH_GRACE) => {
-                    tracing::debug!(peer = %peer, "RDMA connection closed by the peer");
-                }
-                Err(e) => {
-                    st.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(peer = %peer, error = %e, "RDMA connection ended");
-                    let _ = id2.disconnect();
-                }
-            }
-            st.open.fetch_sub(1, Ordering::Relaxed);
-        })
-        .map_err(|e| VerbsError::Call {
-            call: "spawn",
-            source: e,
-        })?;
-    Ok(ConnHandle {
-        id,
-        stop,
-        thread: Some(thread),
-    })
-}
-
-/// How long a connection thread whose work was flushed waits for the
-/// connection manager's report of a disconnect before it counts an error.
-const FLUSH_GRACE: Duration = Duration::from_secs(2);
-
-/// Waits up to `limit` for `flag` to be set; returns whether it was.
-fn wait_for(flag: &AtomicBool, limit: Duration) -> bool {
-    let until = Instant::now() + limit;
-    while !flag.load(Ordering::Acquire) {
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
+    Ok(handle)
 }

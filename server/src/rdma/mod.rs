@@ -12,9 +12,12 @@
 //!   stores' file blocks come from (registered once, local access only);
 //! - [`listener`]: the connection manager thread: listening, the RFC 8797
 //!   exchange at connect time, and each connection's verbs objects;
-//! - [`conn`]: a connection's thread: waiting for completions (the
-//!   [`nfsrdma_transport::rdma::engine::Poller`]), handing them to the core,
-//!   posting the work it yields;
+//! - [`worker`]: the pool of threads that serve the connections, each
+//!   waiting for the completions of the connections placed on it (the
+//!   [`nfsrdma_transport::rdma::engine::Poller`], over CQs its connections
+//!   share) and handing each to its connection;
+//! - [`conn`]: a connection: handing its completions to the core, posting
+//!   the work it yields;
 //! - [`calls`]: what a call's data needs from the server: where its Read
 //!   chunks land (so that WRITE data becomes file blocks without a copy),
 //!   running it through the [`crate::service::Service`], and where its
@@ -32,6 +35,7 @@ pub mod conn;
 pub mod device;
 pub mod listener;
 pub mod stats;
+pub mod worker;
 
 pub use device::RdmaDevice;
 pub use listener::RdmaListener;
@@ -59,8 +63,10 @@ pub struct RdmaConfig {
     /// and staging as much reply data, in blocks from the device's arena
     /// (shared by every connection, not set aside per connection).
     pub chunk_slots: usize,
-    /// How connection threads wait for completions.
+    /// How pool threads wait for completions.
     pub poll: PollMode,
+    /// Pool threads serving the connections ([`worker`]).
+    pub threads: usize,
     /// One reply Send in this many asks for a completion (1: every one;
     /// see `nfsrdma_rpcrdma::conn::sendq` for when a Send is signaled
     /// anyway).
@@ -83,8 +89,15 @@ impl Default for RdmaConfig {
             },
             signal_every: 1,
             max_connections: 256,
+            threads: default_threads(),
         }
     }
+}
+
+/// The default of `--rdma-threads`: one pool thread per core the process
+/// may run on.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl RdmaConfig {
@@ -107,15 +120,14 @@ impl RdmaConfig {
 
     /// The default of `--max-connections` over RDMA: the connections whose
     /// registered memory ([`RdmaConfig::memory_per_connection`]) fits in
-    /// half of `memory_total` bytes (the machine's memory), and no more
-    /// than `open_files` (each connection takes a file descriptor for its
-    /// completion channel: see [`crate::tcp::default_max_connections`]).
-    /// At least 1.
-    pub fn default_max_connections(&self, memory_total: u64, open_files: usize) -> usize {
+    /// half of `memory_total` bytes (the machine's memory), at least 1. A
+    /// connection takes no file descriptor of its own (its completions
+    /// come on a pool thread's channel), so the open-file limit does not
+    /// bound them.
+    pub fn default_max_connections(&self, memory_total: u64) -> usize {
         let per = self.memory_per_connection().max(1) as u64;
         usize::try_from(memory_total / 2 / per)
             .unwrap_or(usize::MAX)
-            .min(open_files)
             .max(1)
     }
 
@@ -148,20 +160,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_connection_cap_fits_half_the_memory_and_the_open_files() {
+    fn the_default_connection_cap_fits_half_the_memory() {
         let cfg = RdmaConfig::default();
         let per = cfg.memory_per_connection() as u64;
         // 2 GiB: 1 GiB of registered memory for connections.
-        let n = cfg.default_max_connections(2 << 30, usize::MAX);
+        let n = cfg.default_max_connections(2 << 30);
         assert_eq!(n as u64, (1 << 30) / per);
         assert!(n as u64 * per <= 1 << 30 && (n as u64 + 1) * per > 1 << 30);
-        // Fewer file descriptors than that: as many as there are.
-        assert_eq!(cfg.default_max_connections(2 << 30, 960), 960);
-        assert_eq!(cfg.default_max_connections(64 << 30, 960), 960);
+        assert_eq!(cfg.default_max_connections(64 << 30), 32 * 1024);
         // A machine too small for one still serves one.
-        assert_eq!(cfg.default_max_connections(per, 960), 1);
-        assert_eq!(cfg.default_max_connections(0, 960), 1);
-        assert_eq!(cfg.default_max_connections(2 << 30, 0), 1);
+        assert_eq!(cfg.default_max_connections(per), 1);
+        assert_eq!(cfg.default_max_connections(0), 1);
     }
 
     #[test]

@@ -330,6 +330,42 @@ impl Poller {
         self.wait_slice = slice;
     }
 
+    /// Polls `cq` too from now on (a pool thread taking on a connection
+    /// whose queue pair completes on a CQ it did not poll yet). Every mode
+    /// but busy needs it on the poller's completion channel. Adding a CQ
+    /// already polled does nothing.
+    pub fn add_cq(&mut self, cq: Arc<CompletionQueue>) -> Result<(), EngineError> {
+        if self.cqs.iter().any(|c| Arc::ptr_eq(c, &cq)) {
+            return Ok(());
+        }
+        let same = match (&self.channel, cq.channel()) {
+            (Some(ours), Some(its)) => Arc::ptr_eq(ours, its),
+            (None, _) => matches!(self.mode, PollMode::Busy),
+            (Some(_), None) => false,
+        };
+        if !same {
+            return Err(EngineError::ChannelMismatch(self.mode));
+        }
+        self.cqs.push(cq);
+        Ok(())
+    }
+
+    /// Stops polling `cq` (its last connection is gone). The last CQ
+    /// stays: a poller polls at least one.
+    pub fn remove_cq(&mut self, cq: &Arc<CompletionQueue>) -> bool {
+        if self.cqs.len() <= 1 {
+            return false;
+        }
+        let before = self.cqs.len();
+        self.cqs.retain(|c| !Arc::ptr_eq(c, cq));
+        before != self.cqs.len()
+    }
+
+    /// The CQs polled.
+    pub fn cq_count(&self) -> usize {
+        self.cqs.len()
+    }
+
     /// The mode.
     pub fn mode(&self) -> PollMode {
         self.mode

@@ -1,0 +1,578 @@
+//! The pool of threads that serve RDMA connections: a fixed number of
+//! threads (`--rdma-threads`, by default one per core), each waiting for
+//! the completions of every connection placed on it, so the thread count
+//! does not grow with the clients.
+//!
+//! Each pool thread has one completion channel and a few completion
+//! queues on it; a connection's queue pair completes on one of its
+//! thread's CQs, shared with other connections (a CQ holds the entries of
+//! [`Pool::connections_per_cq`] connections, each
+//! [`Pool::entries_per_connection`], so it can never overflow), and each
+//! completion goes to its connection by queue pair number. The thread
+//! waits in the listener's polling mode ([`PollMode`]), over all of its
+//! CQs: while one of its connections is busy it spins for all of them.
+//!
+//! The connection manager thread decides: which thread and CQ a new
+//! connection goes to (the thread with the fewest connections; a CQ with
+//! room, or a new one), and when one leaves. A pool thread only carries
+//! out what it is sent ([`Msg`]) and reports a connection that ended on
+//! its own by setting its `done` flag.
+
+use super::conn::{Conn, ConnError};
+use super::RdmaStats;
+use nfsrdma_rpcrdma::conn::{WrId, WrKind};
+use nfsrdma_transport::rdma::engine::{PollMode, Poller, WAIT_SLICE};
+use nfsrdma_transport::rdma::verbs::{
+    CmId, CompletionChannel, CompletionQueue, Context, VerbsError, WorkCompletion,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The longest sleep of a pool thread while every receive of its
+/// connections is posted. Only a completion has work for the thread then:
+/// a connection's end comes with its disconnect, which flushes its posted
+/// receives and so wakes the thread. The limit only bounds how long a
+/// wake-up that never comes could delay that; each pool thread pays one
+/// wake-up per `IDLE_WAIT` when idle ([`RdmaStats::idle_wakeups`]),
+/// however many connections it holds. While a receive waits for its
+/// buffer (deferred), the thread looks again every [`WAIT_SLICE`].
+pub const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a connection whose work was flushed waits for the connection
+/// manager's report of a disconnect before it counts as an error.
+pub const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// The most connections sharing one completion queue.
+pub const MAX_CONNECTIONS_PER_CQ: u32 = 32;
+
+/// What the connection manager sends a pool thread.
+pub enum Msg {
+    /// Serve this connection (its receives are posted; its queue pair
+    /// completes on `cq`, which the thread polls from now on).
+    Add {
+        /// The connection.
+        conn: Box<Conn>,
+        /// Its connection manager id: disconnected if the connection ends
+        /// with an error of its own.
+        id: Arc<CmId>,
+        /// The CQ its queue pair completes on.
+        cq: Arc<CompletionQueue>,
+        /// Set once the thread has dropped the connection.
+        done: Arc<AtomicBool>,
+        /// The connection's number in the pool ([`Placement::serial`]).
+        serial: u64,
+    },
+    /// Drop this connection (the peer went away, or the listener drops
+    /// every connection); answer on `ack` once it is dropped.
+    Remove {
+        /// The connection's queue pair number.
+        qp_num: u32,
+        /// The connection's number in the pool: a queue pair number can
+        /// be taken again by a new connection once its queue pair is
+        /// destroyed, and only the connection meant is dropped.
+        serial: u64,
+        /// Told when the connection is gone.
+        ack: mpsc::Sender<()>,
+    },
+    /// Stop polling this CQ: no connection of the thread is on it.
+    DropCq(Arc<CompletionQueue>),
+}
+
+/// Where a connection is served: a pool thread and one of its CQs.
+#[derive(Clone)]
+pub struct Placement {
+    /// The pool thread.
+    pub thread: usize,
+    /// The CQ its queue pair is to complete on.
+    pub cq: Arc<CompletionQueue>,
+    /// The connection's number in the pool, never reused.
+    pub serial: u64,
+}
+
+struct CqRoom {
+    cq: Arc<CompletionQueue>,
+    connections: u32,
+}
+
+struct Thread {
+    tx: mpsc::Sender<Msg>,
+    channel: Arc<CompletionChannel>,
+    /// The thread's CQs; the first stays for the thread's life.
+    cqs: Vec<CqRoom>,
+    connections: usize,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// The pool, as the connection manager thread holds it.
+pub struct Pool {
+    ctx: Context,
+    threads: Vec<Thread>,
+    per_connection: u32,
+    per_cq: u32,
+    placed: u64,
+}
+
+impl Pool {
+    /// Starts `threads` pool threads (at least 1) on the device `ctx`,
+    /// waiting in `mode`, for connections whose queue pairs take at most
+    /// `per_connection` CQ entries each; CQs of at most `max_cqe` entries.
+    pub fn start(
+        ctx: &Context,
+        threads: usize,
+        mode: PollMode,
+        per_connection: u32,
+        max_cqe: u32,
+        stats: Arc<RdmaStats>,
+    ) -> Result<Pool, VerbsError> {
+        let per_connection = per_connection.max(1);
+        let per_cq = Pool::connections_per_cq(per_connection, max_cqe);
+        let mut pool = Pool {
+            ctx: ctx.clone(),
+            threads: Vec::new(),
+            per_connection,
+            per_cq,
+            placed: 0,
+        };
+        for i in 0..threads.max(1) {
+            let channel = CompletionChannel::new(ctx)?;
+            let cq = CompletionQueue::new(ctx, per_connection * per_cq, Some(&channel))?;
+            let poller = Poller::new(vec![cq.clone()], mode)
+                .map_err(|e| VerbsError::InvalidArgument(format!("completion engine: {e}")))?;
+            let (tx, rx) = mpsc::channel();
+            let st = stats.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("rdma-pool-{i}"))
+                .spawn(move || PoolThread::new(poller, rx, st).run())
+                .map_err(|e| VerbsError::Call {
+                    call: "spawn",
+                    source: e,
+                })?;
+            pool.threads.push(Thread {
+                tx,
+                channel,
+                cqs: vec![CqRoom { cq, connections: 0 }],
+                connections: 0,
+                handle: Some(handle),
+            });
+        }
+        Ok(pool)
+    }
+
+    /// Connections sharing one CQ: as many as a CQ of the device's largest
+    /// size holds entries for, at most [`MAX_CONNECTIONS_PER_CQ`], at
+    /// least 1.
+    pub fn connections_per_cq(per_connection: u32, max_cqe: u32) -> u32 {
+        (max_cqe / per_connection.max(1)).clamp(1, MAX_CONNECTIONS_PER_CQ)
+    }
+
+    /// The CQ entries a connection's queue pair may take: its send queue
+    /// and its receive queue, and a margin.
+    pub fn entries_per_connection(sq_depth: u32, credits: u32) -> u32 {
+        sq_depth + credits + 16
+    }
+
+    /// The pool threads.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Where a new connection goes: the thread with the fewest
+    /// connections, on a CQ of its with room (a new one, armed, when none
+    /// has). The room is taken until [`Pool::release`].
+    pub fn place(&mut self) -> Result<Placement, VerbsError> {
+        let (i, t) = self
+            .threads
+            .iter_mut()
+            .enumerate()
+            .min_by_key(|(_, t)| t.connections)
+            .ok_or_else(|| VerbsError::InvalidArgument("no pool threads".into()))?;
+        let room = match t.cqs.iter_mut().find(|r| r.connections < self.per_cq) {
+            Some(r) => r,
+            None => {
+                let cq = CompletionQueue::new(
+                    &self.ctx,
+                    self.per_connection * self.per_cq,
+                    Some(&t.channel),
+                )?;
+                // Armed before any queue pair completes on it: its first
+                // completion wakes the thread even before the thread polls
+                // it (the thread then takes the connection from its
+                // messages first).
+                cq.req_notify(false)?;
+                t.cqs.push(CqRoom { cq, connections: 0 });
+                t.cqs.last_mut().expect("just pushed")
+            }
+        };
+        room.connections += 1;
+        t.connections += 1;
+        self.placed += 1;
+        Ok(Placement {
+            thread: i,
+            cq: room.cq.clone(),
+            serial: self.placed,
+        })
+    }
+
+    /// Hands a connection (its receives posted) to its thread.
+    pub fn adopt(
+        &self,
+        at: &Placement,
+        conn: Conn,
+        id: Arc<CmId>,
+        done: Arc<AtomicBool>,
+    ) -> Result<(), VerbsError> {
+        self.threads[at.thread]
+            .tx
+            .send(Msg::Add {
+                conn: Box::new(conn),
+                id,
+                cq: at.cq.clone(),
+                done,
+                serial: at.serial,
+            })
+            .map_err(|_| VerbsError::InvalidArgument("the pool thread has stopped".into()))
+    }
+
+    /// Asks the connection's thread to drop it; the answer comes on the
+    /// returned receiver once it is gone (or the thread has stopped).
+    pub fn remove(&self, at: &Placement, qp_num: u32) -> mpsc::Receiver<()> {
+        let (ack, rx) = mpsc::channel();
+        let _ = self.threads[at.thread].tx.send(Msg::Remove {
+            qp_num,
+            serial: at.serial,
+            ack,
+        });
+        rx
+    }
+
+    /// The connection at `at` is gone: its CQ room is free again, and a
+    /// CQ left empty (other than the thread's first) is dropped.
+    pub fn release(&mut self, at: &Placement) {
+        let t = &mut self.threads[at.thread];
+        t.connections = t.connections.saturating_sub(1);
+        let Some(k) = t.cqs.iter().position(|r| Arc::ptr_eq(&r.cq, &at.cq)) else {
+            return;
+        };
+        t.cqs[k].connections = t.cqs[k].connections.saturating_sub(1);
+        if k > 0 && t.cqs[k].connections == 0 {
+            let r = t.cqs.swap_remove(k);
+            let _ = t.tx.send(Msg::DropCq(r.cq));
+        }
+    }
+
+    /// Stops every pool thread (after their connections were removed) and
+    /// waits for them.
+    pub fn stop(&mut self) {
+        for t in &mut self.threads {
+            // Ending the channel stops the thread at its next look.
+            let (tx, _) = mpsc::channel();
+            drop(std::mem::replace(&mut t.tx, tx));
+        }
+        for t in &mut self.threads {
+            if let Some(h) = t.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A connection on a pool thread.
+struct Entry {
+    serial: u64,
+    conn: Box<Conn>,
+    id: Arc<CmId>,
+    done: Arc<AtomicBool>,
+    /// Its work was flushed at this time: the thread waits for the
+    /// connection manager's report of the disconnect.
+    flushed: Option<Instant>,
+}
+
+/// A pool thread's state.
+struct PoolThread {
+    poller: Poller,
+    rx: mpsc::Receiver<Msg>,
+    stats: Arc<RdmaStats>,
+    conns: HashMap<u32, Entry>,
+    /// Connections with completions in the batch being handled.
+    touched: Vec<u32>,
+}
+
+impl PoolThread {
+    fn new(poller: Poller, rx: mpsc::Receiver<Msg>, stats: Arc<RdmaStats>) -> PoolThread {
+        PoolThread {
+            poller,
+            rx,
+            stats,
+            conns: HashMap::new(),
+            touched: Vec::new(),
+        }
+    }
+
+    fn run(mut self) {
+        let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(64);
+        let mut timeouts = self.poller.stats().wait_timeouts;
+        loop {
+            if !self.messages() {
+                break;
+            }
+            let soon = self
+                .conns
+                .values()
+                .any(|e| e.flushed.is_some() || e.conn.has_deferred());
+            self.poller
+                .set_wait_slice(if soon { WAIT_SLICE } else { IDLE_WAIT });
+            wcs.clear();
+            let n = match self.poller.wait(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    // The CQs cannot be polled: nothing this thread holds
+                    // can be served any more.
+                    tracing::error!(error = %e, "RDMA pool thread: polling failed");
+                    break;
+                }
+            };
+            if n == 0 {
+                let now = self.poller.stats().wait_timeouts;
+                if now != timeouts {
+                    self.stats
+                        .idle_wakeups
+                        .fetch_add(now - timeouts, Ordering::Relaxed);
+                    timeouts = now;
+                }
+                self.between_batches();
+                continue;
+            }
+            self.batch(&mut wcs);
+            self.between_batches();
+        }
+        for (_, e) in self.conns.drain() {
+            drop_entry(e, &self.stats, true);
+        }
+    }
+
+    /// Takes the connection manager's messages; false once it is gone.
+    fn messages(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Add {
+                    conn,
+                    id,
+                    cq,
+                    done,
+                    serial,
+                }) => {
+                    self.stats.open.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = self.poller.add_cq(cq) {
+                        tracing::error!(error = %e, "RDMA pool thread: a CQ it cannot poll");
+                        drop_entry(
+                            Entry {
+                                serial,
+                                conn,
+                                id,
+                                done,
+                                flushed: None,
+                            },
+                            &self.stats,
+                            true,
+                        );
+                        continue;
+                    }
+                    let qp = conn.qp_num();
+                    let stale = self.conns.insert(
+                        qp,
+                        Entry {
+                            serial,
+                            conn,
+                            id,
+                            done,
+                            flushed: None,
+                        },
+                    );
+                    // None can be there: an entry holds its queue pair, so
+                    // its number is not given to another until it is gone.
+                    if let Some(e) = stale {
+                        drop_entry(e, &self.stats, true);
+                    }
+                }
+                Ok(Msg::Remove {
+                    qp_num,
+                    serial,
+                    ack,
+                }) => {
+                    let meant = self.conns.get(&qp_num).is_some_and(|e| e.serial == serial);
+                    if let Some(e) = meant.then(|| self.conns.remove(&qp_num)).flatten() {
+                        if e.flushed.is_some() {
+                            tracing::debug!(peer = %e.conn.peer(), "RDMA connection closed by the peer");
+                        }
+                        drop_entry(e, &self.stats, true);
+                    }
+                    let _ = ack.send(());
+                }
+                Ok(Msg::DropCq(cq)) => {
+                    self.poller.remove_cq(&cq);
+                }
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// One batch of completions, each to its connection.
+    fn batch(&mut self, wcs: &mut Vec<WorkCompletion>) {
+        // What the thread waits for is the next call: the time it took to
+        // come after the last work is what `auto` learns, and whether the
+        // thread was awake to see it is what the counters tell.
+        if wcs
+            .iter()
+            .any(|wc| wc.is_ok() && WrId(wc.wr_id).kind() == Some(WrKind::Recv))
+        {
+            let found = self.poller.awaited();
+            let counter = if found.polling {
+                &self.stats.polled_calls
+            } else {
+                &self.stats.woken_calls
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if let Some(gap) = found.gap {
+                self.stats.note_gap(gap);
+            }
+        }
+        let seen = self.poller.worked();
+        self.touched.clear();
+        for wc in wcs.drain(..) {
+            let qp = wc.qp_num;
+            // A completion of a connection already dropped (its queue pair
+            // flushed as it was destroyed) has nobody to go to.
+            let Some(e) = self.conns.get_mut(&qp) else {
+                continue;
+            };
+            if e.flushed.is_some() {
+                continue;
+            }
+            if !self.touched.contains(&qp) {
+                self.touched.push(qp);
+            }
+            if let Err(err) = e.conn.completion(wc, seen) {
+                self.ended(qp, err);
+            }
+        }
+        for i in 0..self.touched.len() {
+            let qp = self.touched[i];
+            let Some(e) = self.conns.get_mut(&qp) else {
+                continue;
+            };
+            if e.flushed.is_some() {
+                continue;
+            }
+            if let Err(err) = e.conn.after_batch() {
+                self.ended(qp, err);
+            }
+        }
+    }
+
+    /// Between batches: receives whose buffers came free, and flushed
+    /// connections whose disconnect report never came.
+    fn between_batches(&mut self) {
+        let mut failed = Vec::new();
+        let mut overdue = Vec::new();
+        for (qp, e) in self.conns.iter_mut() {
+            match e.flushed {
+                Some(at) => {
+                    if at.elapsed() >= FLUSH_GRACE {
+                        overdue.push(*qp);
+                    }
+                }
+                None => {
+                    if e.conn.has_deferred() {
+                        if let Err(err) = e.conn.post_deferred() {
+                            failed.push((*qp, err));
+                        }
+                    }
+                }
+            }
+        }
+        for (qp, err) in failed {
+            self.ended(qp, err);
+        }
+        for qp in overdue {
+            if let Some(e) = self.conns.remove(&qp) {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    peer = %e.conn.peer(),
+                    error = %ConnError::Flushed,
+                    "RDMA connection ended"
+                );
+                let _ = e.id.disconnect();
+                drop_entry(e, &self.stats, true);
+            }
+        }
+    }
+
+    /// A connection ended with `err`. The peer disconnecting flushes its
+    /// work before the connection manager reports it: the connection then
+    /// waits for that report ([`FLUSH_GRACE`]), not counted as an error.
+    /// Any other end is an error: counted, logged, and the connection
+    /// disconnected and dropped.
+    fn ended(&mut self, qp: u32, err: ConnError) {
+        if matches!(err, ConnError::Flushed) {
+            if let Some(e) = self.conns.get_mut(&qp) {
+                e.flushed = Some(Instant::now());
+            }
+            return;
+        }
+        if let Some(e) = self.conns.remove(&qp) {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(peer = %e.conn.peer(), error = %err, "RDMA connection ended");
+            let _ = e.id.disconnect();
+            drop_entry(e, &self.stats, false);
+        }
+    }
+}
+
+/// Drops a connection (first ending it if `close`, so that nothing more is
+/// posted) and reports it gone.
+fn drop_entry(mut e: Entry, stats: &RdmaStats, close: bool) {
+    if close {
+        e.conn.close_now();
+    }
+    let done = e.done.clone();
+    drop(e);
+    stats.open.fetch_sub(1, Ordering::Relaxed);
+    done.store(true, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cq_holds_every_entry_its_connections_can_take() {
+        // The defaults: 128 credits, a send queue of 512.
+        let per = Pool::entries_per_connection(512, 128);
+        assert_eq!(per, 512 + 128 + 16);
+        // Soft-RoCE's largest CQ (32,767 entries) holds 49 such
+        // connections; a CQ is shared by 32 at most.
+        assert_eq!(
+            Pool::connections_per_cq(per, 32_767),
+            MAX_CONNECTIONS_PER_CQ
+        );
+        // A device with smaller CQs: as many as fit, never more.
+        let n = Pool::connections_per_cq(per, 8_192);
+        assert_eq!(n, 12);
+        assert!(n * per <= 8_192 && (n + 1) * per > 8_192);
+        // A device whose CQs cannot hold one connection's entries: one per
+        // CQ (creating it then fails on the device's limit, and the
+        // connection is refused, as it was with a CQ per connection).
+        assert_eq!(Pool::connections_per_cq(per, 100), 1);
+        assert_eq!(Pool::connections_per_cq(0, 100), MAX_CONNECTIONS_PER_CQ);
+    }
+}
