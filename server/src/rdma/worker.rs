@@ -304,6 +304,11 @@ struct PoolThread {
     conns: HashMap<u32, Entry>,
     /// Connections with completions in the batch being handled.
     touched: Vec<u32>,
+    /// Connections to look at between batches, whatever completes: those
+    /// with receives waiting for their buffers, and flushed ones waiting
+    /// for the connection manager's report. Only these are looked at, so
+    /// a batch costs the connections it touches, not all of the thread's.
+    waiting: Vec<u32>,
 }
 
 impl PoolThread {
@@ -314,6 +319,7 @@ impl PoolThread {
             stats,
             conns: HashMap::new(),
             touched: Vec::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -324,12 +330,11 @@ impl PoolThread {
             if !self.messages() {
                 break;
             }
-            let soon = self
-                .conns
-                .values()
-                .any(|e| e.flushed.is_some() || e.conn.has_deferred());
-            self.poller
-                .set_wait_slice(if soon { WAIT_SLICE } else { IDLE_WAIT });
+            self.poller.set_wait_slice(if self.waiting.is_empty() {
+                IDLE_WAIT
+            } else {
+                WAIT_SLICE
+            });
             wcs.clear();
             let n = match self.poller.wait(&mut wcs) {
                 Ok(n) => n,
@@ -473,8 +478,13 @@ impl PoolThread {
             if e.flushed.is_some() {
                 continue;
             }
-            if let Err(err) = e.conn.after_batch() {
-                self.ended(qp, err);
+            match e.conn.after_batch() {
+                Ok(()) => {
+                    if e.conn.has_deferred() && !self.waiting.contains(&qp) {
+                        self.waiting.push(qp);
+                    }
+                }
+                Err(err) => self.ended(qp, err),
             }
         }
     }
@@ -482,24 +492,33 @@ impl PoolThread {
     /// Between batches: receives whose buffers came free, and flushed
     /// connections whose disconnect report never came.
     fn between_batches(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
         let mut failed = Vec::new();
         let mut overdue = Vec::new();
-        for (qp, e) in self.conns.iter_mut() {
+        let conns = &mut self.conns;
+        self.waiting.retain(|qp| {
+            let Some(e) = conns.get_mut(qp) else {
+                return false;
+            };
             match e.flushed {
                 Some(at) => {
                     if at.elapsed() >= FLUSH_GRACE {
                         overdue.push(*qp);
+                        return false;
                     }
+                    true
                 }
                 None => {
-                    if e.conn.has_deferred() {
-                        if let Err(err) = e.conn.post_deferred() {
-                            failed.push((*qp, err));
-                        }
+                    if let Err(err) = e.conn.post_deferred() {
+                        failed.push((*qp, err));
+                        return false;
                     }
+                    e.conn.has_deferred()
                 }
             }
-        }
+        });
         for (qp, err) in failed {
             self.ended(qp, err);
         }
@@ -526,6 +545,9 @@ impl PoolThread {
         if matches!(err, ConnError::Flushed) {
             if let Some(e) = self.conns.get_mut(&qp) {
                 e.flushed = Some(Instant::now());
+                if !self.waiting.contains(&qp) {
+                    self.waiting.push(qp);
+                }
             }
             return;
         }
