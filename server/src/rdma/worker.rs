@@ -376,32 +376,20 @@ impl PoolThread {
                     serial,
                 }) => {
                     self.stats.open.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = self.poller.add_cq(cq) {
-                        tracing::error!(error = %e, "RDMA pool thread: a CQ it cannot poll");
-                        drop_entry(
-                            Entry {
-                                serial,
-                                conn,
-                                id,
-                                done,
-                                flushed: None,
-                            },
-                            &self.stats,
-                            true,
-                        );
+                    let qp = conn.qp_num();
+                    let e = Entry {
+                        serial,
+                        conn,
+                        id,
+                        done,
+                        flushed: None,
+                    };
+                    if let Err(err) = self.poller.add_cq(cq) {
+                        tracing::error!(error = %err, "RDMA pool thread: a CQ it cannot poll");
+                        drop_entry(e, &self.stats, true);
                         continue;
                     }
-                    let qp = conn.qp_num();
-                    let stale = self.conns.insert(
-                        qp,
-                        Entry {
-                            serial,
-                            conn,
-                            id,
-                            done,
-                            flushed: None,
-                        },
-                    );
+                    let stale = self.conns.insert(qp, e);
                     // None can be there: an entry holds its queue pair, so
                     // its number is not given to another until it is gone.
                     if let Some(e) = stale {
