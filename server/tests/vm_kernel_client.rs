@@ -266,7 +266,7 @@ fn qd1_against(flags: &[&str], ops: usize) -> String {
 fn auto_polling_catches_queue_depth_one_calls_awake() {
     common::kernel::in_vm(&["nfsv3"]);
     const OPS: usize = 1000;
-    // Auto: the connection thread spins after each reply about as long as
+    // Auto: the pool thread spins after each reply about as long as
     // the kernel client took to send its next call, so most calls find it
     // awake. Under TCG that takes the kernel client more than the default
     // cap of 1,000 us (an optimized nfsrdmad sees the whole gap: 40 of

@@ -1143,7 +1143,7 @@ fn case_disconnect_during_rdma_read(srv: &Server, good: &mut Peer) -> Counts {
     let before = srv.counts();
     let size_before = good.file_size(&srv.file);
     let mut p = Peer::connect(srv);
-    // The server's connection thread has started (and counts itself open):
+    // The server has handed the connection to a pool thread (which counts it open):
     // whatever it does with the connection happens after this.
     assert!(
         wait_until(|| srv.open() == open + 1),

@@ -56,7 +56,7 @@ struct Args {
     /// RDMA inline threshold, both directions (1K..256K) [default: 4K].
     #[arg(long, value_name = "SIZE")]
     inline: Option<String>,
-    /// How RDMA connection threads wait for completions: busy, event,
+    /// How RDMA pool threads wait for completions: busy, event,
     /// adaptive[:<microseconds>] (spin that long after the last
     /// completion, then sleep) or auto[:<microseconds>] (spin about as
     /// long as recent calls took to come, never longer than that ceiling,

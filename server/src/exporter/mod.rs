@@ -408,17 +408,17 @@ impl Collector for Sources {
                 ),
                 (
                     "rdma_polled_calls",
-                    "Calls found by a connection thread that was polling",
+                    "Calls found by a pool thread that was polling",
                     &r.polled_calls,
                 ),
                 (
                     "rdma_woken_calls",
-                    "Calls found by a connection thread woken from the completion channel",
+                    "Calls found by a pool thread woken from the completion channel",
                     &r.woken_calls,
                 ),
                 (
                     "rdma_idle_wakeups",
-                    "Sleeps of a connection thread that ended by their time limit with nothing to do",
+                    "Sleeps of a pool thread that ended by their time limit with nothing to do",
                     &r.idle_wakeups,
                 ),
             ] {

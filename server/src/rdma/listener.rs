@@ -1,7 +1,7 @@
 //! The connection manager thread: listens, answers each connect request
 //! (the RFC 8797 exchange, the Read depth, each connection's verbs
-//! objects), starts its thread, and tears connections down when the peer
-//! goes or the listener stops.
+//! objects, its place in the pool of threads that serve it), and tears
+//! connections down when the peer goes or the listener stops.
 
 use super::conn::{Conn, Verbs};
 use super::worker::{Placement, Pool};
@@ -102,8 +102,8 @@ impl RdmaListener {
         rx.recv().unwrap_or(0)
     }
 
-    /// Stops listening, disconnects every connection and waits for their
-    /// threads.
+    /// Stops listening, disconnects every connection and waits for the
+    /// connection manager and pool threads.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
@@ -193,7 +193,7 @@ fn cm_loop(
                 forget_ended(&mut conns, &mut pool);
                 if conns.len() >= cfg.max_connections {
                     // Rejected at once: no queue pair, no buffers, no
-                    // thread for it.
+                    // place in the pool for it.
                     if let Err(e) = req.id.reject(&[]) {
                         tracing::debug!(error = %e, "rejecting an RDMA connect request");
                     }

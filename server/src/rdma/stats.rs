@@ -59,15 +59,15 @@ pub struct RdmaStats {
     pub peer_not_receiving: AtomicU64,
     /// Connections dropped by [`RdmaListener::disconnect_all`].
     pub forced_disconnects: AtomicU64,
-    /// Calls found by a connection thread that was polling (busy, or
-    /// spinning after its last completion).
+    /// Calls found by a pool thread that was polling (busy, or spinning
+    /// after its last completion).
     pub polled_calls: AtomicU64,
-    /// Calls found by a connection thread that had gone to sleep on the
+    /// Calls found by a pool thread that had gone to sleep on the
     /// completion channel (each a wake-up on the call's path).
     pub woken_calls: AtomicU64,
-    /// Sleeps of a connection thread on its completion channel that ended
-    /// by their time limit with nothing to do: an idle connection's cost
-    /// (see [`super::conn::IDLE_WAIT`]).
+    /// Sleeps of a pool thread on its completion channel that ended by
+    /// their time limit with nothing to do: what idle connections cost, per
+    /// pool thread (see [`super::worker::IDLE_WAIT`]).
     pub idle_wakeups: AtomicU64,
     /// The most receive buffers one connection's messages held at once:
     /// never more than the credits granted, whatever a peer sends.

@@ -1,5 +1,5 @@
 //! The completion engine: how a thread waits for completions, written once
-//! for the server's connection threads and the client's completion
+//! for the server's pool threads and the client's completion
 //! threads (and its callers that poll for themselves).
 //!
 //! A [`Poller`] polls one or more completion queues and, when they are
