@@ -311,7 +311,7 @@ fn set_up(
     service: &Arc<Service>,
     cfg: &RdmaConfig,
     device: &Arc<RdmaDevice>,
-    pool: &mut Pool,
+    pool: &Pool,
     stats: &Arc<RdmaStats>,
     at: &Placement,
 ) -> Result<ConnHandle, VerbsError> {

@@ -174,11 +174,6 @@ impl Pool {
         sq_depth + credits + 16
     }
 
-    /// The pool threads.
-    pub fn threads(&self) -> usize {
-        self.threads.len()
-    }
-
     /// Where a new connection goes: the thread with the fewest
     /// connections, on a CQ of its with room (a new one, armed, when none
     /// has). The room is taken until [`Pool::release`].

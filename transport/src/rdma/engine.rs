@@ -361,11 +361,6 @@ impl Poller {
         before != self.cqs.len()
     }
 
-    /// The CQs polled.
-    pub fn cq_count(&self) -> usize {
-        self.cqs.len()
-    }
-
     /// The mode.
     pub fn mode(&self) -> PollMode {
         self.mode
