@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use common::{assert_success, root_cred};
 use nfsrdma_server::exports::Exports;
 use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
-use nfsrdma_server::service::{Service, ServiceConfig};
+use nfsrdma_server::service::{CallContext, Reply, ReplyBody, Service, ServiceConfig};
 use nfsrdma_server::store::{CreateMode, Cred, NewNode, StoreConfig};
 use nfsrdma_transport::rdma::verbs::{
     Access, CmEventKind, CmId, CompletionQueue, ConnParam, EventChannel, MemoryRegion,
@@ -34,12 +34,19 @@ use nfsrdma_xdr::nfs3::{
     Data, Ftype3, Getattr3Args, Nfs3Res, NfsFh3, NfsProc3, NfsResult, Read3Args, Sattr3, StableHow,
     Write3Args,
 };
+use nfsrdma_xdr::nfs4::ops::{
+    CallbackSecParms, ChannelAttrs4, ClientOwner4, CopyArgs, CreateSessionArgs, ExchangeIdArgs,
+    SequenceArgs, StateProtectA,
+};
+use nfsrdma_xdr::nfs4::{
+    ArgOp, Compound4Args, Compound4Res, Opaque4, ResOp, Stateid4, Status, Utf8Str, PROC_COMPOUND,
+};
 use nfsrdma_xdr::rpc::RpcMessage;
 use nfsrdma_xdr::rpcrdma::{
     ChunkLists, CmPrivate, PaddedBody, RdmaBody, RdmaError, RdmaHeader, RdmaSegment, ReadSegment,
     WriteChunk,
 };
-use nfsrdma_xdr::{Decoder, List, Payload, Xdr};
+use nfsrdma_xdr::{BoundedVec, Decoder, List, Payload, Xdr};
 use std::collections::{HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -1893,4 +1900,208 @@ fn a_thousand_connects_that_never_send() {
         cpu_after < Duration::from_millis(900),
         "the process used {cpu_after:?} of CPU in 3 s after the peers left"
     );
+}
+
+// ---- a long call on a shared pool thread -------------------------------------
+
+/// One NFSv4 COMPOUND run in the server's process (as if over another
+/// transport), for the state the RDMA peers then use.
+fn compound_in_process(srv: &Server, xid: u32, ops: Vec<ArgOp>) -> Compound4Res {
+    let mut args = BytesMut::new();
+    Compound4Args {
+        tag: Utf8Str(Bytes::new()),
+        minorversion: 2,
+        ops,
+    }
+    .encode(&mut args);
+    let call = rpc_call(xid, NFS_PROGRAM, 4, PROC_COMPOUND, &args);
+    let ctx = CallContext {
+        peer: SocketAddr::new(rdma_ip(), 700),
+        local: None,
+    };
+    match srv._service.handle(&ctx, Bytes::from(call)) {
+        Some(Reply {
+            body: ReplyBody::Nfs4(r),
+            ..
+        }) => r,
+        _ => panic!("COMPOUND {xid}: no NFSv4 reply"),
+    }
+}
+
+/// A file of `len` bytes of a pattern in the export, made in the store.
+fn make_file(srv: &Server, name: &str, len: usize) -> Vec<u8> {
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut fs = srv._service.exports()[0].store.write();
+    let dir = fs.root();
+    let ino = fs
+        .create(
+            dir,
+            name.as_bytes(),
+            &Cred::root(),
+            NewNode::File,
+            CreateMode::Unchecked,
+            &Sattr3::default(),
+        )
+        .unwrap();
+    fs.write(ino, &Cred::root(), 0, &Payload::from(data.clone()))
+        .unwrap();
+    data
+}
+
+/// A COPY of 64 MiB (the most one COPY moves) runs off the pool thread:
+/// with one pool thread, so that every connection is on it, a peer's calls
+/// sent after the COPY are answered while the COPY still runs, and the
+/// COPY's reply comes after them, with every byte copied. Shown by the
+/// order of the replies, not by time.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_long_copy_leaves_the_other_connections_of_its_pool_thread_served() {
+    const LEN: usize = 64 << 20;
+    let srv = Server::start_config(RdmaConfig {
+        threads: 1,
+        ..rdma_config()
+    });
+    let src = make_file(&srv, "copy-src", LEN);
+    make_file(&srv, "copy-dst", 0);
+    // A client record and session (any connection may use it: no state
+    // protection).
+    let r = compound_in_process(
+        &srv,
+        1,
+        vec![ArgOp::ExchangeId(ExchangeIdArgs {
+            clientowner: ClientOwner4 {
+                verifier: [1; 8],
+                ownerid: Opaque4(Bytes::from_static(b"long-copy")),
+            },
+            flags: 0,
+            state_protect: StateProtectA::None,
+            client_impl_id: BoundedVec(vec![]),
+        })],
+    );
+    let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    let attrs = ChannelAttrs4 {
+        headerpadsize: 0,
+        maxrequestsize: 1 << 20,
+        maxresponsesize: 1 << 20,
+        maxresponsesize_cached: 8192,
+        maxoperations: 16,
+        maxrequests: 8,
+        rdma_ird: BoundedVec(vec![]),
+    };
+    let r = compound_in_process(
+        &srv,
+        2,
+        vec![ArgOp::CreateSession(CreateSessionArgs {
+            clientid: e.clientid,
+            sequence: e.sequenceid,
+            flags: 0,
+            fore_chan_attrs: attrs.clone(),
+            back_chan_attrs: attrs,
+            cb_program: 0x4000_0000,
+            sec_parms: BoundedVec(vec![CallbackSecParms::None]),
+        })],
+    );
+    let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    let sid = s.sessionid;
+    let seq = |n: u32| {
+        ArgOp::Sequence(SequenceArgs {
+            sessionid: sid,
+            sequenceid: n,
+            slotid: 0,
+            highest_slotid: 0,
+            cachethis: false,
+        })
+    };
+    let r = compound_in_process(&srv, 3, vec![seq(1), ArgOp::ReclaimComplete(false)]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let fh = |xid: u32, n: u32, name: &'static str| {
+        let r = compound_in_process(
+            &srv,
+            xid,
+            vec![
+                seq(n),
+                ArgOp::Putrootfh,
+                ArgOp::Lookup("export".into()),
+                ArgOp::Lookup(name.into()),
+                ArgOp::Getfh,
+            ],
+        );
+        match r.results.last() {
+            Some(ResOp::Getfh(Ok(f))) => f.clone(),
+            _ => panic!("{name}: {r:?}"),
+        }
+    };
+    let (sfh, dfh) = (fh(4, 2, "copy-src"), fh(5, 3, "copy-dst"));
+
+    let mut a = Peer::connect(&srv);
+    let mut b = Peer::connect(&srv);
+    check_good(&mut b, &srv);
+    // Anonymous stateids: no open is needed for a COPY between files.
+    let anon = Stateid4 {
+        seqid: 0,
+        other: [0; 12],
+    };
+    let mut args = BytesMut::new();
+    Compound4Args {
+        tag: Utf8Str(Bytes::new()),
+        minorversion: 2,
+        ops: vec![
+            seq(4),
+            ArgOp::Putfh(sfh),
+            ArgOp::Savefh,
+            ArgOp::Putfh(dfh),
+            ArgOp::Copy(CopyArgs {
+                src_stateid: anon,
+                dst_stateid: anon,
+                src_offset: 0,
+                dst_offset: 0,
+                count: 0,
+                consecutive: true,
+                synchronous: true,
+                source_server: BoundedVec(vec![]),
+            }),
+        ],
+    }
+    .encode(&mut args);
+    let xid = a.xid();
+    a.send(&rdma_msg(
+        xid,
+        no_chunks(),
+        &rpc_call(xid, NFS_PROGRAM, 4, PROC_COMPOUND, &args),
+    ));
+    // Delivered: an RC Send completes once the server's side has it.
+    let deadline = Instant::now() + T;
+    while a.sends_out > 0 {
+        a.poll();
+        assert!(Instant::now() < deadline, "the COPY's Send never completed");
+    }
+    // The other connection's calls, sent once the COPY was delivered:
+    // each answered while the COPY has not been.
+    for _ in 0..3 {
+        check_good(&mut b, &srv);
+        assert!(
+            matches!(a.next_within(Duration::ZERO), Next::Nothing),
+            "the COPY was answered before calls of another connection sent after it"
+        );
+    }
+    assert_eq!(srv.stats.long_calls.load(Ordering::Relaxed), 1);
+    let mut d = a.rpc_reply(xid);
+    let r = Compound4Res::decode(&mut d).expect("COMPOUND reply");
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    let Some(ResOp::Copy(Ok(c))) = r.results.last() else {
+        panic!("{r:?}")
+    };
+    assert_eq!(c.response.count, LEN as u64);
+    let copied = {
+        let fs = srv._service.exports()[0].store.read();
+        let ino = fs.lookup(fs.root(), b"copy-dst", &Cred::root()).unwrap();
+        let (data, _) = fs.read(ino, &Cred::root(), 0, LEN as u32).unwrap();
+        data.to_contiguous()
+    };
+    assert!(copied[..] == src[..], "the copy differs from its source");
+    check_good(&mut a, &srv);
 }

@@ -421,6 +421,11 @@ impl Collector for Sources {
                     "Sleeps of a pool thread that ended by their time limit with nothing to do",
                     &r.idle_wakeups,
                 ),
+                (
+                    "rdma_long_calls",
+                    "Calls that may run long (COPY, CLONE, ALLOCATE, DEALLOCATE) run off the pool threads",
+                    &r.long_calls,
+                ),
             ] {
                 counter(&mut e, name, help, load(a))?;
             }

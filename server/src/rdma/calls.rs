@@ -21,7 +21,7 @@
 use super::conn::Verbs;
 use super::RdmaStats;
 use crate::service::metrics::CallClass;
-use crate::service::{CallContext, Service};
+use crate::service::{Begun, CallContext, LongCall, Reply, Service};
 use crate::store::blocks::{Block, LandingBlocks};
 use bytes::Bytes;
 use nfsrdma_rpcrdma::conn::{CallId, Connection, Piece, ReadOp, RemoteSeg};
@@ -189,11 +189,21 @@ pub fn landed(l: Landing) -> Result<Vec<Payload>, VerbsError> {
     Ok(data)
 }
 
+/// What [`run`] did with a call.
+pub enum Ran {
+    /// Answered through the core (or not at all): what its turnaround is
+    /// recorded under when a reply went to the core (see
+    /// [`crate::service::Reply::class`]).
+    Answered(Option<CallClass>),
+    /// Begun, and what is left may run long: to be finished off the pool
+    /// thread, and its reply given to [`answer`].
+    Long(Box<LongCall>),
+}
+
 /// Runs a ready call and answers it through the core: the reply, an
 /// RDMA_ERROR (its RPC header at fault, or a reply that cannot travel as
-/// encoded), or nothing (a retransmission of a call in progress). Returns
-/// what the call's turnaround is recorded under when a reply went to the
-/// core (see [`crate::service::Reply::class`]).
+/// encoded), or nothing (a retransmission of a call in progress); or
+/// hands back what is left of a call that may run long.
 pub fn run(
     core: &mut Connection<Local>,
     id: CallId,
@@ -202,27 +212,48 @@ pub fn run(
     ctx: &CallContext,
     v: &Verbs,
     stats: &RdmaStats,
-) -> Result<Option<CallClass>, VerbsError> {
+) -> Result<Ran, VerbsError> {
     let Some(call) = core.call(id) else {
-        return Ok(None);
+        return Ok(Ran::Answered(None));
     };
     let xid = call.xid;
     let Ok(mut d) = call.assemble(data) else {
         tracing::debug!(peer = %ctx.peer, xid, "chunk data does not match the Read list");
         core.reject(id);
-        return Ok(None);
+        return Ok(Ran::Answered(None));
     };
     let body = match responder::call_header(&mut d, xid) {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(peer = %ctx.peer, xid, error = %e, "ERR_CHUNK");
             core.reject(id);
-            return Ok(None);
+            return Ok(Ran::Answered(None));
         }
     };
-    let Some(reply) = service.handle_call(ctx, xid, &body, d) else {
-        tracing::debug!(peer = %ctx.peer, xid, "retransmission of a call in progress: no reply");
-        core.no_reply(id);
+    let reply = match service.begin_call(ctx, xid, &body, d) {
+        Begun::Done(Some(reply)) => reply,
+        Begun::Done(None) => {
+            tracing::debug!(peer = %ctx.peer, xid, "retransmission of a call in progress: no reply");
+            core.no_reply(id);
+            return Ok(Ran::Answered(None));
+        }
+        Begun::Long(c) => return Ok(Ran::Long(Box::new(c))),
+    };
+    answer(core, id, reply, ctx, v, stats).map(Ran::Answered)
+}
+
+/// Answers call `id` with `reply` through the core: the reply, or an
+/// RDMA_ERROR when it cannot travel as encoded. Returns what its
+/// turnaround is recorded under when a reply went to the core.
+pub fn answer(
+    core: &mut Connection<Local>,
+    id: CallId,
+    reply: Reply,
+    ctx: &CallContext,
+    v: &Verbs,
+    stats: &RdmaStats,
+) -> Result<Option<CallClass>, VerbsError> {
+    let Some(xid) = core.call(id).map(|c| c.xid) else {
         return Ok(None);
     };
     let plan = match core.plan_reply(id, |s| reply.encode(s)) {

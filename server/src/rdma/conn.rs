@@ -7,7 +7,7 @@
 use super::calls::{self, Landing, Local};
 use super::RdmaStats;
 use crate::service::metrics::{CallClass, Transport};
-use crate::service::{CallContext, Service};
+use crate::service::{CallContext, LongCall, Reply, Service};
 use nfsrdma_rpcrdma::conn::{
     CallId, ConnError as CoreError, Connection, Event, SendOp, Stats, Work, WrId, WrKind,
 };
@@ -75,6 +75,11 @@ pub struct Conn {
     deferred: Vec<(u32, WrId)>,
     /// The most receive buffers this connection's messages held at once.
     held_peak: u32,
+    /// Calls begun that may run long, for the pool thread to send to
+    /// the threads for long calls ([`Conn::take_long`]).
+    long: Vec<(CallId, Box<LongCall>)>,
+    /// Calls running off the pool thread, with their arrivals.
+    away: HashMap<CallId, Instant>,
 }
 
 impl Conn {
@@ -103,6 +108,8 @@ impl Conn {
             holds: HashMap::new(),
             deferred: Vec::new(),
             held_peak: 0,
+            long: Vec::new(),
+            away: HashMap::new(),
         }
     }
 
@@ -120,6 +127,28 @@ impl Conn {
     /// again soon instead of sleeping until a completion comes.
     pub fn has_deferred(&self) -> bool {
         !self.deferred.is_empty()
+    }
+
+    /// The calls begun since the last look whose rest may run long: the
+    /// pool thread has them finished elsewhere and brings each reply back
+    /// to [`Conn::answer`].
+    pub fn take_long(&mut self) -> std::vec::Drain<'_, (CallId, Box<LongCall>)> {
+        self.long.drain(..)
+    }
+
+    /// The reply of a call finished off the pool thread: sent as any
+    /// other (unless the connection has ended meanwhile), and the work it
+    /// leads to carried out.
+    pub fn answer(&mut self, id: CallId, reply: Box<Reply>) -> Result<(), ConnError> {
+        let Some(arrived) = self.away.remove(&id) else {
+            return Ok(());
+        };
+        if let Some(c) = calls::answer(&mut self.core, id, *reply, &self.ctx, &self.v, &self.stats)?
+        {
+            self.posted.push((c, arrived));
+        }
+        self.drive()?;
+        self.post_deferred()
     }
 
     /// Ends the connection at once (the listener is stopping or the
@@ -249,7 +278,7 @@ impl Conn {
                     Some((l, at)) => (calls::landed(l)?, at),
                     None => (Vec::new(), self.batch_at),
                 };
-                let replied = calls::run(
+                match calls::run(
                     &mut self.core,
                     id,
                     data,
@@ -257,9 +286,13 @@ impl Conn {
                     &self.ctx,
                     &self.v,
                     &self.stats,
-                )?;
-                if let Some(c) = replied {
-                    self.posted.push((c, arrived));
+                )? {
+                    calls::Ran::Answered(Some(c)) => self.posted.push((c, arrived)),
+                    calls::Ran::Answered(None) => {}
+                    calls::Ran::Long(c) => {
+                        self.away.insert(id, arrived);
+                        self.long.push((id, c));
+                    }
                 }
             }
             // The server sends no calls of its own (yet): nothing answers

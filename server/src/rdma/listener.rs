@@ -51,6 +51,7 @@ impl RdmaListener {
             per_connection,
             attrs.max_cqe,
             stats.clone(),
+            service.clone(),
         )?;
         let channel = EventChannel::new()?;
         let listen = CmId::new(&channel)?;

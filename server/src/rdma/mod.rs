@@ -34,6 +34,7 @@ pub mod calls;
 pub mod conn;
 pub mod device;
 pub mod listener;
+pub mod long;
 pub mod stats;
 pub mod worker;
 

@@ -69,6 +69,10 @@ pub struct RdmaStats {
     /// their time limit with nothing to do: what idle connections cost, per
     /// pool thread (see [`super::worker::IDLE_WAIT`]).
     pub idle_wakeups: AtomicU64,
+    /// Calls run to their end off the pool threads, on the threads for
+    /// long calls ([`super::long`]), so that their pool thread serves its
+    /// other connections meanwhile.
+    pub long_calls: AtomicU64,
     /// The most receive buffers one connection's messages held at once:
     /// never more than the credits granted, whatever a peer sends.
     pub receives_held_peak: AtomicU64,
@@ -120,7 +124,7 @@ impl RdmaStats {
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
              discarded {}, credits granted {}, payload bytes copied {}, calls refused for want of arena memory {}, connection errors {}, connections refused over the cap {}, \
              closed for want of a receive at the peer (RNR) {}, \
-             calls found polling {} / after a wake-up {}, idle wake-ups {}, receives held at most {}, \
+             calls found polling {} / after a wake-up {}, idle wake-ups {}, long calls run off the pool threads {}, receives held at most {}, \
              gaps before calls found polling in us: {}\n",
             g(&self.connections),
             g(&self.open),
@@ -146,6 +150,7 @@ impl RdmaStats {
             g(&self.polled_calls),
             g(&self.woken_calls),
             g(&self.idle_wakeups),
+            g(&self.long_calls),
             g(&self.receives_held_peak),
             self.gaps_report(),
         )

@@ -16,14 +16,22 @@
 //! connection goes to (the thread with the fewest connections; a CQ with
 //! room, or a new one), and when one leaves. A pool thread only carries
 //! out what it is sent ([`Msg`]) and reports a connection that ended on
-//! its own by setting its `done` flag.
+//! its own by setting its `done` flag. A message wakes the thread from its
+//! sleep on the completion channel (its [`Waker`]).
+//!
+//! A call that may run long (a COPY, say) is not run to its end on the
+//! pool thread: [`super::long`]'s threads finish it and send the reply
+//! back ([`Msg::Answer`]), so the thread's other connections are served
+//! meanwhile.
 
 use super::conn::{Conn, ConnError};
+use super::long::{Back, LongSender, LongThreads};
 use super::RdmaStats;
-use nfsrdma_rpcrdma::conn::{WrId, WrKind};
+use crate::service::{Reply, Service};
+use nfsrdma_rpcrdma::conn::{CallId, WrId, WrKind};
 use nfsrdma_transport::rdma::engine::{PollMode, Poller, WAIT_SLICE};
 use nfsrdma_transport::rdma::verbs::{
-    CmId, CompletionChannel, CompletionQueue, Context, VerbsError, WorkCompletion,
+    CmId, CompletionChannel, CompletionQueue, Context, VerbsError, Waker, WorkCompletion,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,10 +40,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The longest sleep of a pool thread while every receive of its
-/// connections is posted. Only a completion has work for the thread then:
-/// a connection's end comes with its disconnect, which flushes its posted
-/// receives and so wakes the thread. The limit only bounds how long a
-/// wake-up that never comes could delay that; each pool thread pays one
+/// connections is posted. Only a completion or a message has work for the
+/// thread then, and each wakes it: a completion through the completion
+/// channel, a message (from the connection manager, or the reply of a
+/// long call) through the thread's [`Waker`]. The limit only bounds how
+/// long a wake-up that never comes could delay work; each pool thread pays one
 /// wake-up per `IDLE_WAIT` when idle ([`RdmaStats::idle_wakeups`]),
 /// however many connections it holds. While a receive waits for its
 /// buffer (deferred), the thread looks again every [`WAIT_SLICE`].
@@ -79,6 +88,20 @@ pub enum Msg {
     },
     /// Stop polling this CQ: no connection of the thread is on it.
     DropCq(Arc<CompletionQueue>),
+    /// Drop every connection and stop.
+    Stop,
+    /// The reply of a call of this connection, finished on a thread for
+    /// long calls ([`super::long`]); dropped if the connection is gone.
+    Answer {
+        /// The connection's queue pair number.
+        qp_num: u32,
+        /// The connection's number in the pool.
+        serial: u64,
+        /// The call.
+        call: CallId,
+        /// Its reply.
+        reply: Box<Reply>,
+    },
 }
 
 /// Where a connection is served: a pool thread and one of its CQs.
@@ -99,6 +122,8 @@ struct CqRoom {
 
 struct Thread {
     tx: mpsc::Sender<Msg>,
+    /// Wakes the thread for a message.
+    waker: Arc<Waker>,
     channel: Arc<CompletionChannel>,
     /// The thread's CQs; the first stays for the thread's life.
     cqs: Vec<CqRoom>,
@@ -113,12 +138,14 @@ pub struct Pool {
     per_connection: u32,
     per_cq: u32,
     placed: u64,
+    long: LongThreads,
 }
 
 impl Pool {
     /// Starts `threads` pool threads (at least 1) on the device `ctx`,
     /// waiting in `mode`, for connections whose queue pairs take at most
     /// `per_connection` CQ entries each; CQs of at most `max_cqe` entries.
+    /// As many threads for long calls ([`super::long`]) start with them.
     pub fn start(
         ctx: &Context,
         threads: usize,
@@ -126,32 +153,44 @@ impl Pool {
         per_connection: u32,
         max_cqe: u32,
         stats: Arc<RdmaStats>,
+        service: Arc<Service>,
     ) -> Result<Pool, VerbsError> {
         let per_connection = per_connection.max(1);
         let per_cq = Pool::connections_per_cq(per_connection, max_cqe);
+        let threads = threads.max(1);
         let mut pool = Pool {
             ctx: ctx.clone(),
             threads: Vec::new(),
             per_connection,
             per_cq,
             placed: 0,
+            long: LongThreads::start(threads, service, stats.clone())?,
         };
-        for i in 0..threads.max(1) {
+        for i in 0..threads {
             let channel = CompletionChannel::new(ctx)?;
             let cq = CompletionQueue::new(ctx, per_connection * per_cq, Some(&channel))?;
-            let poller = Poller::new(vec![cq.clone()], mode)
+            let mut poller = Poller::new(vec![cq.clone()], mode)
                 .map_err(|e| VerbsError::InvalidArgument(format!("completion engine: {e}")))?;
+            let waker = Arc::new(Waker::new()?);
+            poller.set_waker(waker.clone());
             let (tx, rx) = mpsc::channel();
-            let st = stats.clone();
+            let t = PoolThread::new(
+                poller,
+                rx,
+                stats.clone(),
+                pool.long.sender(),
+                (tx.clone(), waker.clone()),
+            );
             let handle = std::thread::Builder::new()
                 .name(format!("rdma-pool-{i}"))
-                .spawn(move || PoolThread::new(poller, rx, st).run())
+                .spawn(move || t.run())
                 .map_err(|e| VerbsError::Call {
                     call: "spawn",
                     source: e,
                 })?;
             pool.threads.push(Thread {
                 tx,
+                waker,
                 channel,
                 cqs: vec![CqRoom { cq, connections: 0 }],
                 connections: 0,
@@ -219,27 +258,30 @@ impl Pool {
         id: Arc<CmId>,
         done: Arc<AtomicBool>,
     ) -> Result<(), VerbsError> {
-        self.threads[at.thread]
-            .tx
-            .send(Msg::Add {
-                conn: Box::new(conn),
-                id,
-                cq: at.cq.clone(),
-                done,
-                serial: at.serial,
-            })
-            .map_err(|_| VerbsError::InvalidArgument("the pool thread has stopped".into()))
+        let t = &self.threads[at.thread];
+        t.tx.send(Msg::Add {
+            conn: Box::new(conn),
+            id,
+            cq: at.cq.clone(),
+            done,
+            serial: at.serial,
+        })
+        .map_err(|_| VerbsError::InvalidArgument("the pool thread has stopped".into()))?;
+        t.waker.wake();
+        Ok(())
     }
 
     /// Asks the connection's thread to drop it; the answer comes on the
     /// returned receiver once it is gone (or the thread has stopped).
     pub fn remove(&self, at: &Placement, qp_num: u32) -> mpsc::Receiver<()> {
         let (ack, rx) = mpsc::channel();
-        let _ = self.threads[at.thread].tx.send(Msg::Remove {
+        let t = &self.threads[at.thread];
+        let _ = t.tx.send(Msg::Remove {
             qp_num,
             serial: at.serial,
             ack,
         });
+        t.waker.wake();
         rx
     }
 
@@ -255,22 +297,25 @@ impl Pool {
         if k > 0 && t.cqs[k].connections == 0 {
             let r = t.cqs.swap_remove(k);
             let _ = t.tx.send(Msg::DropCq(r.cq));
+            t.waker.wake();
         }
     }
 
     /// Stops every pool thread (after their connections were removed) and
-    /// waits for them.
+    /// waits for them, then the threads for long calls.
     pub fn stop(&mut self) {
         for t in &mut self.threads {
-            // Ending the channel stops the thread at its next look.
-            let (tx, _) = mpsc::channel();
-            drop(std::mem::replace(&mut t.tx, tx));
+            // (The thread holds a sender of its own, for replies of long
+            // calls, so its channel does not end.)
+            let _ = t.tx.send(Msg::Stop);
+            t.waker.wake();
         }
         for t in &mut self.threads {
             if let Some(h) = t.handle.take() {
                 let _ = h.join();
             }
         }
+        self.long.stop();
     }
 }
 
@@ -304,10 +349,20 @@ struct PoolThread {
     /// for the connection manager's report. Only these are looked at, so
     /// a batch costs the connections it touches, not all of the thread's.
     waiting: Vec<u32>,
+    /// Where long calls go.
+    long: LongSender,
+    /// Where their replies come back: this thread's messages and waker.
+    back: (mpsc::Sender<Msg>, Arc<Waker>),
 }
 
 impl PoolThread {
-    fn new(poller: Poller, rx: mpsc::Receiver<Msg>, stats: Arc<RdmaStats>) -> PoolThread {
+    fn new(
+        poller: Poller,
+        rx: mpsc::Receiver<Msg>,
+        stats: Arc<RdmaStats>,
+        long: LongSender,
+        back: (mpsc::Sender<Msg>, Arc<Waker>),
+    ) -> PoolThread {
         PoolThread {
             poller,
             rx,
@@ -315,6 +370,8 @@ impl PoolThread {
             conns: HashMap::new(),
             touched: Vec::new(),
             waiting: Vec::new(),
+            long,
+            back,
         }
     }
 
@@ -408,6 +465,24 @@ impl PoolThread {
                 Ok(Msg::DropCq(cq)) => {
                     self.poller.remove_cq(&cq);
                 }
+                Ok(Msg::Answer {
+                    qp_num,
+                    serial,
+                    call,
+                    reply,
+                }) => {
+                    let Some(e) = self.conns.get_mut(&qp_num) else {
+                        continue;
+                    };
+                    if e.serial != serial || e.flushed.is_some() {
+                        continue;
+                    }
+                    match e.conn.answer(call, reply) {
+                        Ok(()) => self.after_work(qp_num),
+                        Err(err) => self.ended(qp_num, err),
+                    }
+                }
+                Ok(Msg::Stop) => return false,
                 Err(mpsc::TryRecvError::Empty) => return true,
                 Err(mpsc::TryRecvError::Disconnected) => return false,
             }
@@ -462,13 +537,33 @@ impl PoolThread {
                 continue;
             }
             match e.conn.after_batch() {
-                Ok(()) => {
-                    if e.conn.has_deferred() && !self.waiting.contains(&qp) {
-                        self.waiting.push(qp);
-                    }
-                }
+                Ok(()) => self.after_work(qp),
                 Err(err) => self.ended(qp, err),
             }
+        }
+    }
+
+    /// After a connection's work: its long calls go to the threads for
+    /// them, and it is looked at between batches if receives wait for
+    /// their buffers.
+    fn after_work(&mut self, qp: u32) {
+        let Some(e) = self.conns.get_mut(&qp) else {
+            return;
+        };
+        for (call, c) in e.conn.take_long() {
+            self.long.send(
+                c,
+                Back {
+                    tx: self.back.0.clone(),
+                    waker: self.back.1.clone(),
+                    qp_num: qp,
+                    serial: e.serial,
+                    call,
+                },
+            );
+        }
+        if e.conn.has_deferred() && !self.waiting.contains(&qp) {
+            self.waiting.push(qp);
         }
     }
 

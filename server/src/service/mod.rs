@@ -179,6 +179,31 @@ impl Reply {
     }
 }
 
+/// How [`Service::begin_call`] left a call.
+pub enum Begun {
+    /// Run to the end: its reply, or `None` when none is sent (a
+    /// retransmission of a call still in progress).
+    Done(Option<Reply>),
+    /// Decoded and checked; what is left may run long.
+    Long(LongCall),
+}
+
+/// A call whose work takes time in proportion to the bytes it names
+/// rather than a bounded amount: an NFSv4.2 COMPOUND with COPY, CLONE,
+/// ALLOCATE or DEALLOCATE (a COPY moves up to 64 MiB). It owns everything
+/// it needs (no receive buffer), so any thread can finish it
+/// ([`Service::finish_call`]).
+pub struct LongCall {
+    ctx: CallContext,
+    cred: Option<Cred>,
+    xid: u32,
+    kind: LongKind,
+}
+
+enum LongKind {
+    Compound(nfs4::Decoded),
+}
+
 /// The caller as the procedure sees it.
 pub(crate) struct Caller<'a> {
     pub ctx: &'a CallContext,
@@ -353,7 +378,8 @@ impl Service {
         self.handle_call(ctx, header.xid, &call, d)
     }
 
-    /// Handles a decoded call header whose arguments are in `args`.
+    /// Handles a decoded call header whose arguments are in `args`, to
+    /// the end.
     pub fn handle_call(
         &self,
         ctx: &CallContext,
@@ -361,12 +387,22 @@ impl Service {
         call: &CallBody,
         args: Decoder,
     ) -> Option<Reply> {
+        match self.begin_call(ctx, xid, call, args) {
+            Begun::Done(reply) => reply,
+            Begun::Long(c) => Some(self.finish_call(c)),
+        }
+    }
+
+    /// Begins a call: runs it to the end, unless what is left of it may
+    /// run long (see [`LongCall`]); a transport whose thread serves other
+    /// peers meanwhile runs that elsewhere ([`Service::finish_call`]).
+    pub fn begin_call(&self, ctx: &CallContext, xid: u32, call: &CallBody, args: Decoder) -> Begun {
         if call.rpcvers != rpc::RPC_VERSION {
-            return Some(Reply {
+            return Begun::Done(Some(Reply {
                 header: RpcMessage::denied(xid, RejectedReply::RpcMismatch { low: 2, high: 2 }),
                 body: ReplyBody::Void,
                 class: None,
-            });
+            }));
         }
         let cred = match call.cred.flavor {
             flavor::AUTH_NONE => None,
@@ -378,20 +414,20 @@ impl Service {
                 }),
                 Err(e) => {
                     tracing::debug!(peer = %ctx.peer, error = %e, "bad AUTH_SYS credential");
-                    return Some(auth_error(xid, AuthStat::BadCred));
+                    return Begun::Done(Some(auth_error(xid, AuthStat::BadCred)));
                 }
             },
             _ if call.proc_ == 0 => None,
-            _ => return Some(auth_error(xid, AuthStat::TooWeak)),
+            _ => return Begun::Done(Some(auth_error(xid, AuthStat::TooWeak))),
         };
         let caller = Caller { ctx, cred };
         let v4 = self.config.nfs4.enabled();
-        match (call.prog, call.vers) {
+        Begun::Done(match (call.prog, call.vers) {
             (nfs3::PROGRAM, nfs3::VERSION) if self.config.v3 => {
                 self.nfs_call(&caller, xid, call.proc_, args)
             }
             (nfs3::PROGRAM, nfsrdma_xdr::nfs4::VERSION) if v4 => {
-                Some(self.nfs4_call(&caller, xid, call.proc_, args))
+                return self.nfs4_call(&caller, xid, call.proc_, args)
             }
             (nfs3::PROGRAM, _) => Some(Reply::error(
                 xid,
@@ -412,6 +448,17 @@ impl Service {
                 Some(self.nsm_call(&caller, xid, v, call.proc_, args))
             }
             _ => Some(Reply::error(xid, AcceptStat::ProgUnavail)),
+        })
+    }
+
+    /// Runs the rest of a call [`Service::begin_call`] left.
+    pub fn finish_call(&self, c: LongCall) -> Reply {
+        let caller = Caller {
+            ctx: &c.ctx,
+            cred: c.cred,
+        };
+        match c.kind {
+            LongKind::Compound(a) => self.finish_compound(&caller, c.xid, a),
         }
     }
 
@@ -528,6 +575,8 @@ fn auth_error(xid: u32, why: AuthStat) -> Reply {
     }
 }
 
+#[cfg(test)]
+mod long_tests;
 #[cfg(test)]
 mod parallel_tests;
 #[cfg(test)]

@@ -30,7 +30,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::verbs::{CompletionChannel, CompletionQueue, VerbsError, WorkCompletion};
+use super::verbs::{CompletionChannel, CompletionQueue, VerbsError, Waited, Waker, WorkCompletion};
 
 /// How the engine thread waits for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +247,8 @@ pub struct EngineStats {
     pub events: u64,
     /// Sleeps that ended by timeout instead of an event.
     pub wait_timeouts: u64,
+    /// Sleeps ended by the poller's waker ([`Poller::set_waker`]).
+    pub wakes: u64,
 }
 
 /// Poller errors.
@@ -279,6 +281,7 @@ pub struct Poller {
     slept: bool,
     /// The spin that preceded the current sleep (`auto`).
     spun: Duration,
+    waker: Option<Arc<Waker>>,
     stats: EngineStats,
 }
 
@@ -315,6 +318,7 @@ impl Poller {
             last_work: Instant::now(),
             slept: false,
             spun: Duration::ZERO,
+            waker: None,
             stats: EngineStats::default(),
         })
     }
@@ -328,6 +332,13 @@ impl Poller {
     /// Changes the longest sleep from the next wait on.
     pub fn set_wait_slice(&mut self, slice: Duration) {
         self.wait_slice = slice;
+    }
+
+    /// A sleep ends also when `waker` is signalled (another thread has
+    /// work for the owner): the wait then returns with no completions.
+    /// Without one, only a completion or the wait slice ends a sleep.
+    pub fn set_waker(&mut self, waker: Arc<Waker>) {
+        self.waker = Some(waker);
     }
 
     /// Polls `cq` too from now on (a pool thread taking on a connection
@@ -443,9 +454,16 @@ impl Poller {
             // harmless extra poll round.
             return Ok(n);
         }
-        match channel.get_event(Some(self.wait_slice))? {
-            Some(_) => self.stats.events += 1,
-            None => self.stats.wait_timeouts += 1,
+        match &self.waker {
+            Some(w) => match channel.get_event_or_wake(Some(self.wait_slice), w)? {
+                Waited::Event(_) => self.stats.events += 1,
+                Waited::Woken => self.stats.wakes += 1,
+                Waited::TimedOut => self.stats.wait_timeouts += 1,
+            },
+            None => match channel.get_event(Some(self.wait_slice))? {
+                Some(_) => self.stats.events += 1,
+                None => self.stats.wait_timeouts += 1,
+            },
         }
         self.slept = true;
         Ok(0)

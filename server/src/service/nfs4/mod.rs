@@ -11,7 +11,7 @@ pub mod pseudo;
 pub mod state;
 
 use super::metrics::{CallClass, Procedure, SizeClass};
-use super::{Caller, Reply, ReplyBody, Service};
+use super::{Begun, Caller, LongCall, LongKind, Reply, ReplyBody, Service};
 use crate::store::Ino;
 use nfsrdma_xdr::nfs4::ops::SequenceResOk;
 use nfsrdma_xdr::nfs4::{
@@ -155,8 +155,8 @@ impl Service {
         xid: u32,
         proc_: u32,
         mut args: Decoder,
-    ) -> Reply {
-        match proc_ {
+    ) -> Begun {
+        Begun::Done(Some(match proc_ {
             nfsrdma_xdr::nfs4::PROC_NULL => match args.finish("NULL arguments") {
                 Ok(()) => Reply::success(xid, ReplyBody::Void),
                 Err(_) => Reply::error(xid, AcceptStat::GarbageArgs),
@@ -165,15 +165,16 @@ impl Service {
                 let len = args.remaining();
                 match Compound4Args::decode_lenient(&mut args) {
                     Ok((a, cut)) => {
-                        let class = compound_class(&a);
-                        let res = self.compound(caller, a, cut, len);
-                        self.metrics.record_compound(
-                            res.results.iter().map(|r| (r.num(), r.status())),
-                            res.status,
-                        );
-                        let mut reply = Reply::success(xid, ReplyBody::Nfs4(res));
-                        reply.class = Some(class);
-                        reply
+                        let d = Decoded { a, cut, len };
+                        if d.a.ops.iter().any(runs_long) {
+                            return Begun::Long(LongCall {
+                                ctx: *caller.ctx,
+                                cred: caller.cred.clone(),
+                                xid,
+                                kind: LongKind::Compound(d),
+                            });
+                        }
+                        self.finish_compound(caller, xid, d)
                     }
                     Err(e) => {
                         tracing::debug!(peer = %caller.ctx.peer, error = %e, "COMPOUND GARBAGE_ARGS");
@@ -183,7 +184,20 @@ impl Service {
                 }
             }
             _ => Reply::error(xid, AcceptStat::ProcUnavail),
-        }
+        }))
+    }
+
+    /// Runs a decoded COMPOUND and records it.
+    pub(super) fn finish_compound(&self, caller: &Caller, xid: u32, d: Decoded) -> Reply {
+        let class = compound_class(&d.a);
+        let res = self.compound(caller, d.a, d.cut, d.len);
+        self.metrics.record_compound(
+            res.results.iter().map(|r| (r.num(), r.status())),
+            res.status,
+        );
+        let mut reply = Reply::success(xid, ReplyBody::Nfs4(res));
+        reply.class = Some(class);
+        reply
     }
 
     fn compound(
@@ -355,6 +369,22 @@ impl Service {
 
 /// What a COMPOUND's turnaround is recorded under: its main operation
 /// and, when that is READ or WRITE, the size of the first READ or WRITE.
+/// A COMPOUND's arguments as decoded, with how many bytes they took.
+pub struct Decoded {
+    a: Compound4Args,
+    cut: Option<OpsCut>,
+    len: usize,
+}
+
+/// Whether an operation's work grows with the byte range it names (see
+/// [`LongCall`]).
+fn runs_long(op: &ArgOp) -> bool {
+    matches!(
+        op,
+        ArgOp::Copy(_) | ArgOp::Clone(_) | ArgOp::Allocate(_) | ArgOp::Deallocate(_)
+    )
+}
+
 fn compound_class(a: &Compound4Args) -> CallClass {
     let proc_ = Procedure::of_compound(a.ops.iter().map(ArgOp::num));
     let size = match proc_ {

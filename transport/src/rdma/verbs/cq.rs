@@ -12,7 +12,7 @@ use rdma_sys::{
 };
 
 use super::device::Context;
-use super::{set_fd_nonblocking, wait_readable, Result, VerbsError};
+use super::{set_fd_nonblocking, wait_readable, wait_readable_or, Result, VerbsError, Waker};
 
 /// `IBV_WC_WITH_INV`: the standard "receive completed a Send With
 /// Invalidate" flag (1 << 3).
@@ -245,6 +245,17 @@ impl WorkCompletion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(usize);
 
+/// How a wait on a completion channel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// A CQ's event (acknowledged; the CQ must be armed again).
+    Event(CqId),
+    /// The waker was signalled (and its wake-up taken).
+    Woken,
+    /// Neither came in time.
+    TimedOut,
+}
+
 /// A completion channel (`ibv_create_comp_channel`): the file descriptor
 /// armed CQs signal.
 pub struct CompletionChannel {
@@ -293,6 +304,28 @@ impl CompletionChannel {
         if timeout.is_some() && !wait_readable(self.fd(), timeout)? {
             return Ok(None);
         }
+        self.read_event()
+    }
+
+    /// [`Self::get_event`], but a signal of `waker` ends the wait too: the
+    /// wake-up is then taken, and `Ok(Woken)` returned (any CQ event is
+    /// left for the next call).
+    pub fn get_event_or_wake(&self, timeout: Option<Duration>, waker: &Waker) -> Result<Waited> {
+        let r = wait_readable_or(self.fd(), waker.fd(), timeout)?;
+        if r.second {
+            waker.take();
+            return Ok(Waited::Woken);
+        }
+        if !r.first {
+            return Ok(Waited::TimedOut);
+        }
+        Ok(match self.read_event()? {
+            Some(cq) => Waited::Event(cq),
+            None => Waited::TimedOut,
+        })
+    }
+
+    fn read_event(&self) -> Result<Option<CqId>> {
         let mut cq: *mut ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: live channel and valid out-pointers.

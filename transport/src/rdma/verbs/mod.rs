@@ -55,6 +55,7 @@ mod mw;
 mod qp;
 mod recv;
 mod srq;
+mod waker;
 
 use std::io;
 use std::time::Duration;
@@ -65,7 +66,7 @@ pub use cm::{
     MAX_ACCEPT_PRIVATE_DATA, MAX_ACK_TIMEOUT, MAX_CONNECT_PRIVATE_DATA,
 };
 pub use cq::{
-    decode_invalidated_rkey, CompletionChannel, CompletionError, CompletionQueue, CqId,
+    decode_invalidated_rkey, CompletionChannel, CompletionError, CompletionQueue, CqId, Waited,
     WcFlagsQuirk, WcOpcode, WorkCompletion, RXE_WC_WITH_INVALIDATE, WC_WITH_INV,
 };
 pub use device::{Context, DeviceAttrs, DeviceList};
@@ -74,6 +75,7 @@ pub use mw::{next_rkey, MemoryWindow, MwAccess};
 pub use qp::{QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr};
 pub use recv::{ReceiveQueue, RecvRing};
 pub use srq::SharedReceiveQueue;
+pub use waker::Waker;
 
 /// Text every "no device" error carries, pointing at the Soft-RoCE VM.
 pub const NO_DEVICE_HINT: &str =
@@ -199,6 +201,55 @@ pub(crate) fn wait_readable(fd: libc::c_int, timeout: Option<Duration>) -> Resul
         let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms(timeout)) };
         if rc >= 0 {
             return Ok(rc > 0);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(VerbsError::Call {
+                call: "poll",
+                source: err,
+            });
+        }
+    }
+}
+
+/// What [`wait_readable_or`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Readable {
+    /// The first descriptor is readable.
+    pub first: bool,
+    /// The second is.
+    pub second: bool,
+}
+
+/// Waits until `fd` or `other` is readable, or `timeout` passes. EINTR is
+/// retried.
+pub(crate) fn wait_readable_or(
+    fd: libc::c_int,
+    other: libc::c_int,
+    timeout: Option<Duration>,
+) -> Result<Readable> {
+    let mut pfds = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: other,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `pfds` is an array of two valid, initialised pollfds and
+        // we pass exactly its length.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms(timeout)) };
+        if rc >= 0 {
+            let ready = |p: &libc::pollfd| p.revents & (libc::POLLIN | libc::POLLERR) != 0;
+            return Ok(Readable {
+                first: ready(&pfds[0]),
+                second: ready(&pfds[1]),
+            });
         }
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
