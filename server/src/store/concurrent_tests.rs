@@ -1,7 +1,7 @@
 //! The store under calls from several threads at once, as the service
-//! makes them (WRITE and READ under the store's shared lock, truncation
-//! under its exclusive one), checked against the same byte-array model as
-//! the single-threaded tests.
+//! makes them (WRITE, READ, ALLOCATE and DEALLOCATE under the store's
+//! shared lock, truncation under its exclusive one), checked against the
+//! same byte-array model as the single-threaded tests.
 
 use super::tests::{data_op, land_like_rdma, mkfile, read, DataOp};
 use super::*;
@@ -30,15 +30,88 @@ fn data(fill: u8, len: usize, off: u64, landed: bool) -> (Payload, Vec<u8>) {
     (p, d)
 }
 
+/// A thread's operation: data in and out, or space taken or given back
+/// (NFSv4.2 ALLOCATE and DEALLOCATE).
+#[derive(Debug, Clone)]
+enum Op {
+    Data(DataOp),
+    Space { off: u64, len: u64, allocate: bool },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => data_op().prop_map(Op::Data),
+        2 => (0u64..(256 << 10), 1u64..(300 << 10), any::<bool>())
+            .prop_map(|(off, len, allocate)| Op::Space { off, len, allocate }),
+    ]
+}
+
+/// Applies ALLOCATE or DEALLOCATE of `[off, off + len)` to `file` and to
+/// its model `m`, whose bytes start at `base` in the file: a refusal for
+/// want of space (a small store) must change nothing.
+fn space(
+    s: &Store,
+    file: Ino,
+    (off, len, allocate): (u64, u64, bool),
+    m: &mut Vec<u8>,
+    base: u64,
+) -> Result<(), String> {
+    let root = Cred::root();
+    let fs = s.read();
+    let r = if allocate {
+        fs.allocate(file, &root, off, len)
+    } else {
+        fs.deallocate(file, &root, off, len)
+    };
+    match r {
+        Ok(()) => {
+            let (from, to) = ((off - base) as usize, (off + len - base) as usize);
+            if allocate {
+                if m.len() < to {
+                    m.resize(to, 0);
+                }
+            } else {
+                let to = to.min(m.len());
+                if from < to {
+                    m[from..to].fill(0);
+                }
+            }
+            Ok(())
+        }
+        Err(NfsStat3::Nospc) => Ok(()),
+        Err(e) => Err(format!("ALLOCATE ({allocate}): {e:?}")),
+    }
+}
+
 /// Applies `ops` to the thread's file `f` and to its stretch of `shared`.
-/// A WRITE refused for want of space (a small store) must change nothing.
-fn run(s: &Store, me: usize, f: Ino, shared: Ino, ops: Vec<DataOp>) -> Result<Outcome, String> {
+/// A change refused for want of space (a small store) must change nothing.
+fn run(s: &Store, me: usize, f: Ino, shared: Ino, ops: Vec<Op>) -> Result<Outcome, String> {
     let root = Cred::root();
     let mut own: Vec<u8> = Vec::new();
     let mut region = vec![0u8; REGION as usize];
     let mut held = Vec::new();
     let mut fill = (me as u8) * 80;
     for op in ops {
+        let op = match op {
+            Op::Data(d) => d,
+            Op::Space { off, len, allocate } => {
+                space(s, f, (off, len, allocate), &mut own, 0)?;
+                // The same within this thread's stretch of the shared file
+                // (the stretch's model is whole: no size to keep).
+                let at = off % REGION;
+                let n = len.min(REGION - at);
+                let base = me as u64 * REGION;
+                let mut m = region.clone();
+                space(s, shared, (base + at, n, allocate), &mut m, base)?;
+                m.truncate(REGION as usize);
+                region = m;
+                let size = s.read().getattr(f).map_err(|e| format!("{e:?}"))?.size;
+                if size != own.len() as u64 {
+                    return Err(format!("size {size}, model {}", own.len()));
+                }
+                continue;
+            }
+        };
         match op {
             DataOp::Write { off, len, landed } => {
                 fill = fill.wrapping_add(1).max(1);
@@ -102,15 +175,16 @@ fn run(s: &Store, me: usize, f: Ino, shared: Ino, ops: Vec<DataOp>) -> Result<Ou
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Three threads each write, truncate and read a file of their own
-    /// and write their own stretch of one shared file, all at once: every
+    /// Three threads each write, truncate, read, allocate and deallocate a
+    /// file of their own, and write, allocate and deallocate their own
+    /// stretch of one shared file, all at once: every
     /// file reads back as its model, held reads never change, the space
     /// the store counts in use is what its files hold (also when a small
     /// store refuses some writes), and removing the files gives it all
     /// back.
     #[test]
     fn files_written_from_several_threads_at_once_match_the_model(
-        ops in proptest::collection::vec(proptest::collection::vec(data_op(), 1..30), THREADS),
+        ops in proptest::collection::vec(proptest::collection::vec(op(), 1..30), THREADS),
         small in any::<bool>(),
     ) {
         let s = Store::new(StoreConfig {

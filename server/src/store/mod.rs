@@ -1674,34 +1674,81 @@ impl Fs {
         })
     }
 
+    /// The file `ino` locked for a change by `cred`: NFS3ERR_ISDIR for a
+    /// directory, NFS3ERR_INVAL for anything else that is not a file,
+    /// NFS3ERR_ACCES when `cred` may not write it. Under the store's
+    /// shared lock (a directory is never locked exclusively then, so the
+    /// kind is checked first).
+    fn file_locked(&self, ino: Ino, cred: &Cred) -> SResult<InodeWrite<'_, Inode>> {
+        match self.inode(ino)?.attr.kind {
+            Ftype3::Reg => {}
+            Ftype3::Dir => return Err(NfsStat3::Isdir),
+            _ => return Err(NfsStat3::Inval),
+        }
+        let i = self.inode_write(ino)?;
+        if !may_use(&i.attr, cred, 2) {
+            return Err(NfsStat3::Acces);
+        }
+        Ok(i)
+    }
+
+    /// Writes each `(offset, data)` of `pieces` (in different blocks) into
+    /// `f`, the memory they may take set aside for all of them first:
+    /// NFS3ERR_NOSPC leaves the file untouched.
+    fn fill_all(&self, f: &mut FileData, pieces: Vec<(u64, Payload)>) -> SResult<()> {
+        let grows: Vec<u64> = pieces
+            .iter()
+            .map(|(at, data)| self.most_needed(f, *at, data, None))
+            .collect();
+        let mut left: u64 = grows.iter().sum();
+        self.reserve(left)?;
+        for ((at, data), grow) in pieces.iter().zip(grows) {
+            left -= grow;
+            if let Err(e) = self.fill_reserved(f, *at, data, None, grow) {
+                // What was set aside for the pieces not written.
+                self.used_bytes.fetch_sub(left, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Frees `[offset, offset + length)` of a file (NFSv4.2 DEALLOCATE,
     /// `fallocate` hole punching): blocks wholly inside go (their memory
     /// with them), the parts of blocks at the range's ends are zeroed; the
-    /// size stays. The range past the end of the file is ignored.
-    pub fn deallocate(&mut self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
-        let size = self.file_to_write(ino, cred)?.size;
-        let end = offset.saturating_add(length).min(size);
+    /// size stays. The range past the end of the file is ignored. The file
+    /// is locked throughout: a READ sees all of it or none.
+    pub fn deallocate(&self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
+        let mut i = self.file_locked(ino, cred)?;
+        let Inode { attr, content, .. } = &mut *i;
+        let Content::File(f) = content else {
+            return Err(NfsStat3::Inval);
+        };
+        let end = offset.saturating_add(length).min(f.size);
         if offset < end && !self.config.null {
             let blk = BLOCK_SIZE as u64;
             let (first_whole, end_whole) = (offset.div_ceil(blk), end / blk);
-            // Zero the pieces of partly covered blocks that hold data.
-            let mut pieces = Vec::new();
+            // Zero the pieces of partly covered blocks that hold data
+            // (which may take memory: a block shared with another file, or
+            // landed pages, is copied first), all of it set aside before
+            // anything changes.
+            let mut ends = Vec::new();
             if first_whole > end_whole {
-                pieces.push((offset, end));
+                ends.push((offset, end));
             } else {
-                pieces.push((offset, first_whole * blk));
-                pieces.push((end_whole * blk, end));
+                ends.push((offset, first_whole * blk));
+                ends.push((end_whole * blk, end));
             }
-            for (from, to) in pieces {
-                let held = matches!(&self.inode(ino)?.content,
-                    Content::File(f) if f.blocks.contains_key(&(from / blk)));
-                if from < to && held {
+            let pieces: Vec<(u64, Payload)> = ends
+                .into_iter()
+                .filter(|&(from, to)| from < to && f.blocks.contains_key(&(from / blk)))
+                .map(|(from, to)| {
                     let zeros = Payload::from_parts([self.zeros.get((to - from) as usize)]);
-                    self.write_file_blocks(ino, from, &zeros)?;
-                }
-            }
-            let mut i = self.inode_write(ino)?;
-            if let (Content::File(f), true) = (&mut i.content, first_whole < end_whole) {
+                    (from, zeros)
+                })
+                .collect();
+            self.fill_all(f, pieces)?;
+            if first_whole < end_whole {
                 let dropped: Vec<u64> = f
                     .blocks
                     .range(first_whole..end_whole)
@@ -1717,9 +1764,8 @@ impl Fs {
             }
         }
         let t = now();
-        let i = self.inode_mut(ino)?;
-        i.attr.mtime = t;
-        i.attr.set_ctime(t);
+        attr.mtime = t;
+        attr.set_ctime(t);
         Ok(())
     }
 
@@ -1728,46 +1774,40 @@ impl Fs {
     /// hold gets one, of zeros, so that later WRITEs there cannot fail for
     /// want of space; the file grows to the range's end if it is shorter.
     /// NFS3ERR_NOSPC, with the file untouched, when the store cannot hold
-    /// them all.
-    pub fn allocate(&mut self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
+    /// them all. The file is locked throughout.
+    pub fn allocate(&self, ino: Ino, cred: &Cred, offset: u64, length: u64) -> SResult<()> {
         let end = offset.checked_add(length).ok_or(NfsStat3::Fbig)?;
         if end > MAX_FILE_SIZE {
             return Err(NfsStat3::Fbig);
         }
-        let blk = BLOCK_SIZE as u64;
-        let missing: Vec<u64> = {
-            let f = self.file_to_write(ino, cred)?;
-            if length == 0 || self.config.null {
-                Vec::new()
-            } else {
-                let (first, last) = (offset / blk, (end - 1) / blk);
-                let held = f.blocks.range(first..=last).count() as u64;
-                let free = self
-                    .config
-                    .capacity_bytes
-                    .saturating_sub(self.used_bytes.load(Ordering::Relaxed));
-                if (last - first + 1 - held).saturating_mul(blk) > free {
-                    return Err(NfsStat3::Nospc);
-                }
-                (first..=last)
-                    .filter(|k| !f.blocks.contains_key(k))
-                    .collect()
-            }
+        let mut i = self.file_locked(ino, cred)?;
+        let Inode { attr, content, .. } = &mut *i;
+        let Content::File(f) = content else {
+            return Err(NfsStat3::Inval);
         };
-        for k in missing {
-            let (from, to) = ((k * blk).max(offset), ((k + 1) * blk).min(end));
-            let zeros = Payload::from_parts([self.zeros.get((to - from) as usize)]);
-            self.write_file_blocks(ino, from, &zeros)?;
+        if length > 0 && !self.config.null {
+            let blk = BLOCK_SIZE as u64;
+            let (first, last) = (offset / blk, (end - 1) / blk);
+            // Each missing block's zeros.
+            let missing: Vec<(u64, Payload)> = (first..=last)
+                .filter(|k| !f.blocks.contains_key(k))
+                .map(|k| {
+                    let from = (k * blk).max(offset);
+                    let to = ((k + 1) * blk).min(end);
+                    (
+                        from,
+                        Payload::from_parts([self.zeros.get((to - from) as usize)]),
+                    )
+                })
+                .collect();
+            self.fill_all(f, missing)?;
         }
         let t = now();
-        let i = self.inode_mut(ino)?;
-        if let Content::File(f) = &mut i.content {
-            if f.size < end {
-                f.size = end;
-                i.attr.mtime = t;
-            }
+        if f.size < end {
+            f.size = end;
+            attr.mtime = t;
         }
-        i.attr.set_ctime(t);
+        attr.set_ctime(t);
         Ok(())
     }
 

@@ -1022,14 +1022,15 @@ impl Service {
         if end > crate::store::MAX_FILE_SIZE {
             return Err(Status::FBIG);
         }
-        let mut fs = t.ex.store.write();
+        // The store's lock shared: the file alone is locked.
+        let fs = t.ex.store.read();
         fs.allocate(ino, &t.cred, a.offset, a.length).map_err(st)
     }
 
     /// DEALLOCATE: the range reads as zeros afterwards; the size stays.
     fn deallocate4(&self, cx: &Cx, a: &SpaceArgs) -> R<()> {
         let (t, ino) = self.space_target(cx, &a.stateid, true)?;
-        let mut fs = t.ex.store.write();
+        let fs = t.ex.store.read();
         fs.deallocate(ino, &t.cred, a.offset, a.length).map_err(st)
     }
 

@@ -77,11 +77,11 @@ mod tests {
         let w = Arc::new(Waker::new().unwrap());
         let w2 = w.clone();
         let t = std::thread::spawn(move || {
-            // No timeout: only the wake-up ends this wait.
-            super::super::wait_readable(w2.fd(), None).unwrap()
+            // Only the wake-up ends this wait before its (generous) limit.
+            super::super::wait_readable(w2.fd(), Some(Duration::from_secs(30))).unwrap()
         });
         w.wake();
-        assert!(t.join().unwrap());
+        assert!(t.join().unwrap(), "the wait ran out");
         assert!(w.take());
     }
 }
