@@ -35,7 +35,20 @@ fn data(fill: u8, len: usize, off: u64, landed: bool) -> (Payload, Vec<u8>) {
 #[derive(Debug, Clone)]
 enum Op {
     Data(DataOp),
-    Space { off: u64, len: u64, allocate: bool },
+    Space {
+        off: u64,
+        len: u64,
+        allocate: bool,
+    },
+    /// CLONE between the thread's file and its stretch of the shared
+    /// file, one way or the other (threads doing it both ways at once
+    /// must not wait on each other).
+    Clone {
+        to_shared: bool,
+        from: u64,
+        to: u64,
+        len: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -43,6 +56,14 @@ fn op() -> impl Strategy<Value = Op> {
         8 => data_op().prop_map(Op::Data),
         2 => (0u64..(256 << 10), 1u64..(300 << 10), any::<bool>())
             .prop_map(|(off, len, allocate)| Op::Space { off, len, allocate }),
+        2 => (any::<bool>(), 0u64..4, 0u64..4, 1u64..4)
+            .prop_map(|(to_shared, from, to, len)| Op::Clone {
+                to_shared,
+                // Mostly whole blocks, so that blocks are shared.
+                from: from * 65536 + if from == 3 { 1000 } else { 0 },
+                to: to * 65536,
+                len: len * 65536 - if len == 3 { 500 } else { 0 },
+            }),
     ]
 }
 
@@ -85,7 +106,14 @@ fn space(
 
 /// Applies `ops` to the thread's file `f` and to its stretch of `shared`.
 /// A change refused for want of space (a small store) must change nothing.
-fn run(s: &Store, me: usize, f: Ino, shared: Ino, ops: Vec<Op>) -> Result<Outcome, String> {
+fn run(
+    s: &Store,
+    me: usize,
+    f: Ino,
+    shared: Ino,
+    ops: Vec<Op>,
+    small: bool,
+) -> Result<Outcome, String> {
     let root = Cred::root();
     let mut own: Vec<u8> = Vec::new();
     let mut region = vec![0u8; REGION as usize];
@@ -105,6 +133,57 @@ fn run(s: &Store, me: usize, f: Ino, shared: Ino, ops: Vec<Op>) -> Result<Outcom
                 space(s, shared, (base + at, n, allocate), &mut m, base)?;
                 m.truncate(REGION as usize);
                 region = m;
+                let size = s.read().getattr(f).map_err(|e| format!("{e:?}"))?.size;
+                if size != own.len() as u64 {
+                    return Err(format!("size {size}, model {}", own.len()));
+                }
+                continue;
+            }
+            // (A CLONE refused for want of space mid-way keeps what it
+            // cloned by then: only the large store runs them.)
+            Op::Clone { .. } if small => continue,
+            Op::Clone {
+                to_shared,
+                from,
+                to,
+                len,
+            } => {
+                let base = me as u64 * REGION;
+                let fs = s.read();
+                if to_shared {
+                    // From the file to the stretch.
+                    let to = to % REGION;
+                    let n = len.min(REGION - to);
+                    let r = fs.clone_range(f, shared, &root, from, base + to, n);
+                    match r {
+                        Ok(()) => {
+                            let (a, b) = (from as usize, (from + n) as usize);
+                            region[to as usize..to as usize + n as usize]
+                                .copy_from_slice(&own[a..b]);
+                        }
+                        Err(NfsStat3::Inval) if from + n > own.len() as u64 => {}
+                        Err(e) => return Err(format!("CLONE to the shared file: {e:?}")),
+                    }
+                } else {
+                    // From the stretch to the file; the stretch may reach
+                    // past the shared file's end, which other threads move.
+                    let from = from % REGION;
+                    let n = len.min(REGION - from);
+                    match fs.clone_range(shared, f, &root, base + from, to, n) {
+                        Ok(()) => {
+                            let end = (to + n) as usize;
+                            if own.len() < end {
+                                own.resize(end, 0);
+                            }
+                            own[to as usize..end].copy_from_slice(
+                                &region[from as usize..from as usize + n as usize],
+                            );
+                        }
+                        Err(NfsStat3::Inval) => {}
+                        Err(e) => return Err(format!("CLONE from the shared file: {e:?}")),
+                    }
+                }
+                drop(fs);
                 let size = s.read().getattr(f).map_err(|e| format!("{e:?}"))?.size;
                 if size != own.len() as u64 {
                     return Err(format!("size {size}, model {}", own.len()));
@@ -176,8 +255,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Three threads each write, truncate, read, allocate and deallocate a
-    /// file of their own, and write, allocate and deallocate their own
-    /// stretch of one shared file, all at once: every
+    /// file of their own, write, allocate and deallocate their own stretch
+    /// of one shared file, and clone between the two either way, all at
+    /// once: every
     /// file reads back as its model, held reads never change, the space
     /// the store counts in use is what its files hold (also when a small
     /// store refuses some writes), and removing the files gives it all
@@ -207,7 +287,7 @@ proptest! {
                 .enumerate()
                 .map(|(me, ops)| {
                     let f = files[me];
-                    sc.spawn(move || run(s, me, f, shared, ops))
+                    sc.spawn(move || run(s, me, f, shared, ops, small))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("no panic")).collect()

@@ -1823,7 +1823,7 @@ impl Fs {
     /// are cloned by then). The caller checks that ranges within one file
     /// do not overlap.
     pub fn clone_range(
-        &mut self,
+        &self,
         src: Ino,
         dst: Ino,
         cred: &Cred,
@@ -1862,7 +1862,7 @@ impl Fs {
             done += u64::from(n);
         }
         let t = now();
-        let i = self.inode_mut(dst)?;
+        let mut i = self.inode_write(dst)?;
         if let Content::File(f) = &mut i.content {
             f.size = f.size.max(end);
         }
@@ -1886,29 +1886,34 @@ impl Fs {
     /// Block `dk` of `dst` becomes block `sk` of `src`, shared (or a hole
     /// where `src` has one). False, with nothing changed, for a block
     /// smaller than `BLOCK_SIZE` (a small file's), which is copied instead.
-    fn share_block(&mut self, src: Ino, sk: u64, dst: Ino, dk: u64) -> SResult<bool> {
+    /// The source's block is taken with the source locked, then put in
+    /// with the destination locked (never both at once, so two CLONEs
+    /// the other way round cannot wait on each other); a WRITE to either
+    /// file later copies the shared block first.
+    fn share_block(&self, src: Ino, sk: u64, dst: Ino, dk: u64) -> SResult<bool> {
         let block = self.file_to_read(src)?.blocks.get(&sk).cloned();
         if matches!(&block, Some(FileBlock::Whole(b)) if b.capacity() < BLOCK_SIZE) {
             return Ok(false);
         }
         let add = block.as_ref().map_or(0, FileBlock::pinned) as u64;
         let capacity = self.config.capacity_bytes;
-        let used = self.used_bytes.load(Ordering::Relaxed);
         let mut i = self.inode_write(dst)?;
         let Content::File(f) = &mut i.content else {
             return Err(NfsStat3::Inval);
         };
         let old = f.blocks.get(&dk).map_or(0, FileBlock::pinned) as u64;
-        if used + add > capacity.saturating_add(old) {
-            return Err(NfsStat3::Nospc);
-        }
+        // The block it replaces is given back in the same step, so a full
+        // store may still swap one block for another of the same size.
+        self.used_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u + add <= capacity.saturating_add(old)).then(|| u + add - old)
+            })
+            .map_err(|_| NfsStat3::Nospc)?;
         match block {
             Some(b) => f.blocks.insert(dk, b),
             None => f.blocks.remove(&dk),
         };
         f.used = f.used + add - old;
-        self.used_bytes.fetch_add(add, Ordering::Relaxed);
-        self.used_bytes.fetch_sub(old, Ordering::Relaxed);
         Ok(true)
     }
 

@@ -1143,14 +1143,15 @@ impl Service {
         if src == dst && count > 0 && overlap(a.src_offset, a.dst_offset) {
             return Err(Status::INVAL);
         }
-        // The store's lock is taken for one piece at a time, so that other
-        // calls go on meanwhile (a piece keeps the offsets' place in their
-        // blocks, so whole blocks are still shared).
+        // The store's lock is taken (shared; the files alone are locked,
+        // a block at a time) for one piece at a time, so that namespace
+        // changes go on meanwhile (a piece keeps the offsets' place in
+        // their blocks, so whole blocks are still shared).
         let mut done = 0;
         loop {
             let n = (count - done).min(CLONE_PIECE);
             t.ex.store
-                .write()
+                .read()
                 .clone_range(
                     src,
                     dst,
