@@ -157,10 +157,16 @@ impl Server {
     }
 
     fn start_config(cfg: RdmaConfig) -> Server {
+        Self::start_arena(cfg, 256 << 20)
+    }
+
+    /// A server whose device's arena registers at most `arena_limit`
+    /// bytes (64 MiB regions, each of one block size).
+    fn start_arena(cfg: RdmaConfig, arena_limit: usize) -> Server {
         let rules = Exports::parse("/export *(rw,no_root_squash,insecure)\n").unwrap();
         // As the daemon does it: the store's blocks come from the device's
         // registered arena.
-        let device = RdmaDevice::open(SocketAddr::new(rdma_ip(), 0), 256 << 20)
+        let device = RdmaDevice::open(SocketAddr::new(rdma_ip(), 0), arena_limit)
             .expect("RDMA device (run with scripts/test-vm)");
         let ex = Service::exports_from_rules_with(&rules, &StoreConfig::default(), &|| {
             device.block_source()
@@ -1928,8 +1934,9 @@ fn compound_in_process(srv: &Server, xid: u32, ops: Vec<ArgOp>) -> Compound4Res 
     }
 }
 
-/// A file of `len` bytes of a pattern in the export, made in the store.
-fn make_file(srv: &Server, name: &str, len: usize) -> Vec<u8> {
+/// A file of `len` bytes of a pattern in the export, made in the store;
+/// its handle and bytes.
+fn make_file(srv: &Server, name: &str, len: usize) -> (NfsFh3, Vec<u8>) {
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     let mut fs = srv._service.exports()[0].store.write();
     let dir = fs.root();
@@ -1945,7 +1952,7 @@ fn make_file(srv: &Server, name: &str, len: usize) -> Vec<u8> {
         .unwrap();
     fs.write(ino, &Cred::root(), 0, &Payload::from(data.clone()))
         .unwrap();
-    data
+    (NfsFh3(fs.handle(ino)), data)
 }
 
 /// A COPY of 64 MiB (the most one COPY moves) runs off the pool thread:
@@ -1961,7 +1968,7 @@ fn a_long_copy_leaves_the_other_connections_of_its_pool_thread_served() {
         threads: 1,
         ..rdma_config()
     });
-    let src = make_file(&srv, "copy-src", LEN);
+    let (_, src) = make_file(&srv, "copy-src", LEN);
     make_file(&srv, "copy-dst", 0);
     // A client record and session (any connection may use it: no state
     // protection).
@@ -2104,4 +2111,131 @@ fn a_long_copy_leaves_the_other_connections_of_its_pool_thread_served() {
     };
     assert!(copied[..] == src[..], "the copy differs from its source");
     check_good(&mut a, &srv);
+}
+
+// ---- calls that find the arena exhausted ------------------------------------
+
+/// Sends a FILE_SYNC WRITE of `data` (1 MiB) at offset 0 of `file`, its
+/// data in a Read chunk from `mr`; returns the xid.
+fn send_big_write(p: &mut Peer, file: &NfsFh3, mr: &MemoryRegion, data: &[u8]) -> u32 {
+    mr.write_at(0, data).unwrap();
+    let r = mr.remote(0, data.len()).unwrap();
+    let xid = p.xid();
+    let (inline, position) = reduced_write_call_of(xid, file, data.len());
+    let lists = ChunkLists {
+        read_list: List(vec![ReadSegment {
+            position,
+            target: RdmaSegment {
+                handle: r.rkey,
+                length: data.len() as u32,
+                offset: r.addr,
+            },
+        }]),
+        ..no_chunks()
+    };
+    p.send(&rdma_msg(xid, lists, &inline));
+    xid
+}
+
+/// The reply to a WRITE: NFS3_OK.
+fn expect_write_ok(p: &mut Peer, xid: u32) {
+    let mut d = p.rpc_reply(xid);
+    match Nfs3Res::decode(NfsProc3::Write, &mut d).expect("WRITE result") {
+        Nfs3Res::Write(NfsResult::Ok(_)) => {}
+        other => panic!("WRITE: {other:?}"),
+    }
+}
+
+/// A WRITE whose Read chunk finds the device's arena exhausted waits for
+/// memory instead of being refused: two 1 MiB WRITEs of one file sent
+/// together with room in the arena for one landing, and the second lands
+/// once the first has replaced the file's blocks (counted as a wait, no
+/// refusal, the file holding the second's bytes). A WRITE for which no
+/// memory ever comes is refused with ERR_CHUNK once it has waited
+/// `ARENA_WAIT`, while another connection is served meanwhile.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_write_that_finds_the_arena_full_waits_for_memory_then_is_refused_if_none_comes() {
+    const BIG: usize = 1 << 20;
+    // Two 64 MiB regions: one for the small blocks of the file every
+    // server here starts with, one of 64 KiB blocks (1,024).
+    let srv = Server::start_arena(rdma_config(), 128 << 20);
+    // 62 MiB + 1 MiB of the 64 KiB blocks taken: room for one landing.
+    make_file(&srv, "arena-ballast", 62 << 20);
+    let (target, _) = make_file(&srv, "arena-target", BIG);
+    let (fresh, _) = make_file(&srv, "arena-fresh", 0);
+    let mut good = Peer::connect(&srv);
+    let mut p = Peer::connect(&srv);
+    let a = MemoryRegion::new(p.data.pd(), BIG, Access::REMOTE).expect("mr");
+    let b = MemoryRegion::new(p.data.pd(), BIG, Access::REMOTE).expect("mr");
+    let first: Vec<u8> = (0..BIG).map(|i| (i % 241) as u8).collect();
+    let second: Vec<u8> = (0..BIG).map(|i| (i % 239) as u8 ^ 0x5a).collect();
+    let x1 = send_big_write(&mut p, &target, &a, &first);
+    let x2 = send_big_write(&mut p, &target, &b, &second);
+    expect_write_ok(&mut p, x1);
+    expect_write_ok(&mut p, x2);
+    let waits = srv.stats.arena_waits.load(Ordering::Relaxed);
+    assert!(waits >= 1, "no call waited: the arena was not exhausted");
+    assert_eq!(srv.stats.arena_exhausted.load(Ordering::Relaxed), 0);
+    {
+        let fs = srv._service.exports()[0].store.read();
+        let ino = fs
+            .lookup(fs.root(), b"arena-target", &Cred::root())
+            .unwrap();
+        let (data, _) = fs.read(ino, &Cred::root(), 0, BIG as u32).unwrap();
+        assert!(
+            data.to_contiguous()[..] == second[..],
+            "the file does not hold the second WRITE"
+        );
+    }
+    // A new file's blocks take the room for good: the next WRITE of new
+    // blocks never gets any.
+    let x3 = send_big_write(&mut p, &fresh, &a, &first);
+    expect_write_ok(&mut p, x3);
+    let xid = p.xid();
+    let (inline, position) = {
+        // At 1 MiB in the same file: new blocks again.
+        let args = Write3Args {
+            file: fresh.clone(),
+            offset: BIG as u64,
+            count: BIG as u32,
+            stable: StableHow::FileSync,
+            data: Data::new(vec![0u8; BIG]),
+        };
+        let mut full = rpc_call(
+            xid,
+            NFS_PROGRAM,
+            3,
+            NfsProc3::Write as u32,
+            &args.to_bytes(),
+        );
+        full.truncate(full.len() - BIG);
+        let pos = full.len() as u32;
+        (full, pos)
+    };
+    b.write_at(0, &second).unwrap();
+    let r = b.remote(0, BIG).unwrap();
+    let lists = ChunkLists {
+        read_list: List(vec![ReadSegment {
+            position,
+            target: RdmaSegment {
+                handle: r.rkey,
+                length: BIG as u32,
+                offset: r.addr,
+            },
+        }]),
+        ..no_chunks()
+    };
+    let waits = srv.stats.arena_waits.load(Ordering::Relaxed);
+    p.send(&rdma_msg(xid, lists, &inline));
+    assert!(
+        wait_until(|| srv.stats.arena_waits.load(Ordering::Relaxed) > waits),
+        "the WRITE did not wait for memory"
+    );
+    // Waiting, it holds up nobody else.
+    check_good(&mut good, &srv);
+    assert_err_chunk(p.reply(), xid);
+    assert_eq!(srv.stats.arena_exhausted.load(Ordering::Relaxed), 1);
+    check_good(&mut p, &srv);
+    check_good(&mut good, &srv);
 }

@@ -392,6 +392,16 @@ impl Collector for Sources {
                     &r.payload_copies,
                 ),
                 (
+                    "rdma_arena_waits",
+                    "Calls whose Read chunks waited for arena memory to land in",
+                    &r.arena_waits,
+                ),
+                (
+                    "rdma_arena_refusals",
+                    "Calls refused (ERR_CHUNK) for want of arena memory",
+                    &r.arena_exhausted,
+                ),
+                (
                     "rdma_connection_errors",
                     "Connections ended by an error",
                     &r.errors,

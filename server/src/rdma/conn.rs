@@ -15,10 +15,16 @@ use nfsrdma_transport::rdma::verbs::{
     Arena, CompletionError, MemoryRegion, QueuePair, RecvRing, RemoteBuf, SendFlags,
     SendOp as VerbsOp, SendWr, Sge, VerbsError, WorkCompletion,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a call whose Read chunks find the arena exhausted waits for
+/// memory (other calls' landing and staging blocks come back as their
+/// replies go out, a file's blocks as it is overwritten or removed)
+/// before it is refused with ERR_CHUNK.
+pub const ARENA_WAIT: Duration = Duration::from_secs(5);
 
 /// A connection's verbs objects and registered memory.
 pub struct Verbs {
@@ -80,6 +86,9 @@ pub struct Conn {
     long: Vec<(CallId, Box<LongCall>)>,
     /// Calls running off the pool thread, with their arrivals.
     away: HashMap<CallId, Instant>,
+    /// Calls whose Read chunks wait for arena memory to land in, oldest
+    /// first: since when, and their arrivals.
+    starved: VecDeque<(CallId, Instant, Instant)>,
 }
 
 impl Conn {
@@ -110,6 +119,7 @@ impl Conn {
             held_peak: 0,
             long: Vec::new(),
             away: HashMap::new(),
+            starved: VecDeque::new(),
         }
     }
 
@@ -126,7 +136,7 @@ impl Conn {
     /// Whether receives wait for their buffers: its pool thread then looks
     /// again soon instead of sleeping until a completion comes.
     pub fn has_deferred(&self) -> bool {
-        !self.deferred.is_empty()
+        !self.deferred.is_empty() || !self.starved.is_empty()
     }
 
     /// The calls begun since the last look whose rest may run long: the
@@ -258,19 +268,11 @@ impl Conn {
     fn event(&mut self, e: Event) -> Result<(), ConnError> {
         match e {
             Event::NeedsReads(id) => {
-                let Some(call) = self.core.call(id) else {
-                    return Ok(());
-                };
-                match calls::land(call, &self.v)? {
-                    Some((l, reads, bytes)) => {
-                        self.landing.insert(id, (l, self.batch_at));
-                        self.core.land(id, reads, bytes);
-                    }
-                    None => {
-                        self.stats.arena_exhausted.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(peer = %self.ctx.peer, "arena exhausted: call refused");
-                        self.core.reject(id);
-                    }
+                // Behind the connection's calls that wait already, in
+                // order.
+                if !self.starved.is_empty() || !self.land(id, self.batch_at)? {
+                    self.stats.arena_waits.fetch_add(1, Ordering::Relaxed);
+                    self.starved.push_back((id, Instant::now(), self.batch_at));
                 }
             }
             Event::Call(id) => {
@@ -310,6 +312,43 @@ impl Conn {
         Ok(())
     }
 
+    /// Lands call `id`'s Read chunks in arena blocks and has the core read
+    /// them; false when the arena has not the memory for them now.
+    fn land(&mut self, id: CallId, arrived: Instant) -> Result<bool, ConnError> {
+        let Some(call) = self.core.call(id) else {
+            // Gone meanwhile (the connection is closing): nothing to land.
+            return Ok(true);
+        };
+        match calls::land(call, &self.v)? {
+            Some((l, reads, bytes)) => {
+                self.landing.insert(id, (l, arrived));
+                self.core.land(id, reads, bytes);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The calls waiting for arena memory, oldest first: landed while
+    /// there is memory; one that has waited [`ARENA_WAIT`] is refused
+    /// (ERR_CHUNK). True if any moved.
+    fn retry_starved(&mut self) -> Result<bool, ConnError> {
+        let mut moved = false;
+        while let Some(&(id, since, arrived)) = self.starved.front() {
+            if !self.land(id, arrived)? {
+                if since.elapsed() < ARENA_WAIT {
+                    break;
+                }
+                self.stats.arena_exhausted.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer = %self.ctx.peer, "arena exhausted: call refused");
+                self.core.reject(id);
+            }
+            self.starved.pop_front();
+            moved = true;
+        }
+        Ok(moved)
+    }
+
     fn post(&mut self, w: Work<Local>) -> Result<(), ConnError> {
         match w {
             Work::Recv { buffer, wr } => {
@@ -335,8 +374,11 @@ impl Conn {
     }
 
     /// Receives whose buffers were still held when the core gave them
-    /// back.
+    /// back, and calls waiting for arena memory.
     pub fn post_deferred(&mut self) -> Result<(), ConnError> {
+        if !self.starved.is_empty() && self.retry_starved()? {
+            self.drive()?;
+        }
         let mut i = 0;
         while i < self.deferred.len() {
             let (b, wr) = self.deferred[i];

@@ -45,9 +45,11 @@ pub struct RdmaStats {
     /// a reply that was not in arena memory).
     pub payload_copies: AtomicU64,
     /// Calls answered with ERR_CHUNK because the arena had no memory left
-    /// for their Read chunks to land in or for their reply's data to be
-    /// staged in.
+    /// for their Read chunks to land in (for [`super::conn::ARENA_WAIT`])
+    /// or for their reply's data to be staged in.
     pub arena_exhausted: AtomicU64,
+    /// Calls whose Read chunks waited for arena memory to land in.
+    pub arena_waits: AtomicU64,
     /// Connections ended by an error.
     pub errors: AtomicU64,
     /// Connect requests rejected because `max_connections` were open.
@@ -122,7 +124,7 @@ impl RdmaStats {
         format!(
             "rdma: connections {} (open {}), calls {} (inline {}, chunked {}), replies inline {} / reply chunk {}, \
              RDMA Read {} B, RDMA Write {} B, Send {} / Send With Invalidate {} (unsignaled {}), RDMA_ERROR vers {} chunk {}, \
-             discarded {}, credits granted {}, payload bytes copied {}, calls refused for want of arena memory {}, connection errors {}, connections refused over the cap {}, \
+             discarded {}, credits granted {}, payload bytes copied {}, calls refused for want of arena memory {} (waited for it {}), connection errors {}, connections refused over the cap {}, \
              closed for want of a receive at the peer (RNR) {}, \
              calls found polling {} / after a wake-up {}, idle wake-ups {}, long calls run off the pool threads {}, receives held at most {}, \
              gaps before calls found polling in us: {}\n",
@@ -144,6 +146,7 @@ impl RdmaStats {
             g(&self.credits_granted),
             g(&self.payload_copies),
             g(&self.arena_exhausted),
+            g(&self.arena_waits),
             g(&self.errors),
             g(&self.refused_connections),
             g(&self.peer_not_receiving),
