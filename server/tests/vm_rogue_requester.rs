@@ -21,6 +21,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
+use common::nfs4::{create_session, exchange_id};
 use common::{assert_success, root_cred};
 use nfsrdma_server::exports::Exports;
 use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
@@ -34,12 +35,9 @@ use nfsrdma_xdr::nfs3::{
     Data, Ftype3, Getattr3Args, Nfs3Res, NfsFh3, NfsProc3, NfsResult, Read3Args, Sattr3, StableHow,
     Write3Args,
 };
-use nfsrdma_xdr::nfs4::ops::{
-    CallbackSecParms, ChannelAttrs4, ClientOwner4, CopyArgs, CreateSessionArgs, ExchangeIdArgs,
-    SequenceArgs, StateProtectA,
-};
+use nfsrdma_xdr::nfs4::ops::{CopyArgs, SequenceArgs};
 use nfsrdma_xdr::nfs4::{
-    ArgOp, Compound4Args, Compound4Res, Opaque4, ResOp, Stateid4, Status, Utf8Str, PROC_COMPOUND,
+    ArgOp, Compound4Args, Compound4Res, ResOp, Stateid4, Status, Utf8Str, PROC_COMPOUND,
 };
 use nfsrdma_xdr::rpc::RpcMessage;
 use nfsrdma_xdr::rpcrdma::{
@@ -281,10 +279,15 @@ fn reduced_write_call(xid: u32, file: &NfsFh3) -> (Vec<u8>, u32) {
 /// A FILE_SYNC WRITE of `len` bytes (a multiple of four) at offset 0,
 /// reduced: the data left out for a Read chunk at the returned position.
 fn reduced_write_call_of(xid: u32, file: &NfsFh3, len: usize) -> (Vec<u8>, u32) {
+    reduced_write_call_at(xid, file, 0, len)
+}
+
+/// [`reduced_write_call_of`] at `offset`.
+fn reduced_write_call_at(xid: u32, file: &NfsFh3, offset: u64, len: usize) -> (Vec<u8>, u32) {
     assert_eq!(len % 4, 0);
     let args = Write3Args {
         file: file.clone(),
-        offset: 0,
+        offset,
         count: len as u32,
         stable: StableHow::FileSync,
         data: Data::new(vec![0u8; len]),
@@ -1972,44 +1975,11 @@ fn a_long_copy_leaves_the_other_connections_of_its_pool_thread_served() {
     make_file(&srv, "copy-dst", 0);
     // A client record and session (any connection may use it: no state
     // protection).
-    let r = compound_in_process(
-        &srv,
-        1,
-        vec![ArgOp::ExchangeId(ExchangeIdArgs {
-            clientowner: ClientOwner4 {
-                verifier: [1; 8],
-                ownerid: Opaque4(Bytes::from_static(b"long-copy")),
-            },
-            flags: 0,
-            state_protect: StateProtectA::None,
-            client_impl_id: BoundedVec(vec![]),
-        })],
-    );
+    let r = compound_in_process(&srv, 1, vec![exchange_id("long-copy", 1)]);
     let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
         panic!("{r:?}")
     };
-    let attrs = ChannelAttrs4 {
-        headerpadsize: 0,
-        maxrequestsize: 1 << 20,
-        maxresponsesize: 1 << 20,
-        maxresponsesize_cached: 8192,
-        maxoperations: 16,
-        maxrequests: 8,
-        rdma_ird: BoundedVec(vec![]),
-    };
-    let r = compound_in_process(
-        &srv,
-        2,
-        vec![ArgOp::CreateSession(CreateSessionArgs {
-            clientid: e.clientid,
-            sequence: e.sequenceid,
-            flags: 0,
-            fore_chan_attrs: attrs.clone(),
-            back_chan_attrs: attrs,
-            cb_program: 0x4000_0000,
-            sec_parms: BoundedVec(vec![CallbackSecParms::None]),
-        })],
-    );
+    let r = compound_in_process(&srv, 2, vec![create_session(e.clientid, e.sequenceid)]);
     let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
         panic!("{r:?}")
     };
@@ -2115,13 +2085,13 @@ fn a_long_copy_leaves_the_other_connections_of_its_pool_thread_served() {
 
 // ---- calls that find the arena exhausted ------------------------------------
 
-/// Sends a FILE_SYNC WRITE of `data` (1 MiB) at offset 0 of `file`, its
+/// Sends a FILE_SYNC WRITE of `data` (1 MiB) at `offset` of `file`, its
 /// data in a Read chunk from `mr`; returns the xid.
-fn send_big_write(p: &mut Peer, file: &NfsFh3, mr: &MemoryRegion, data: &[u8]) -> u32 {
+fn send_big_write(p: &mut Peer, file: &NfsFh3, offset: u64, mr: &MemoryRegion, data: &[u8]) -> u32 {
     mr.write_at(0, data).unwrap();
     let r = mr.remote(0, data.len()).unwrap();
     let xid = p.xid();
-    let (inline, position) = reduced_write_call_of(xid, file, data.len());
+    let (inline, position) = reduced_write_call_at(xid, file, offset, data.len());
     let lists = ChunkLists {
         read_list: List(vec![ReadSegment {
             position,
@@ -2170,8 +2140,8 @@ fn a_write_that_finds_the_arena_full_waits_for_memory_then_is_refused_if_none_co
     let b = MemoryRegion::new(p.data.pd(), BIG, Access::REMOTE).expect("mr");
     let first: Vec<u8> = (0..BIG).map(|i| (i % 241) as u8).collect();
     let second: Vec<u8> = (0..BIG).map(|i| (i % 239) as u8 ^ 0x5a).collect();
-    let x1 = send_big_write(&mut p, &target, &a, &first);
-    let x2 = send_big_write(&mut p, &target, &b, &second);
+    let x1 = send_big_write(&mut p, &target, 0, &a, &first);
+    let x2 = send_big_write(&mut p, &target, 0, &b, &second);
     expect_write_ok(&mut p, x1);
     expect_write_ok(&mut p, x2);
     let waits = srv.stats.arena_waits.load(Ordering::Relaxed);
@@ -2190,44 +2160,11 @@ fn a_write_that_finds_the_arena_full_waits_for_memory_then_is_refused_if_none_co
     }
     // A new file's blocks take the room for good: the next WRITE of new
     // blocks never gets any.
-    let x3 = send_big_write(&mut p, &fresh, &a, &first);
+    let x3 = send_big_write(&mut p, &fresh, 0, &a, &first);
     expect_write_ok(&mut p, x3);
-    let xid = p.xid();
-    let (inline, position) = {
-        // At 1 MiB in the same file: new blocks again.
-        let args = Write3Args {
-            file: fresh.clone(),
-            offset: BIG as u64,
-            count: BIG as u32,
-            stable: StableHow::FileSync,
-            data: Data::new(vec![0u8; BIG]),
-        };
-        let mut full = rpc_call(
-            xid,
-            NFS_PROGRAM,
-            3,
-            NfsProc3::Write as u32,
-            &args.to_bytes(),
-        );
-        full.truncate(full.len() - BIG);
-        let pos = full.len() as u32;
-        (full, pos)
-    };
-    b.write_at(0, &second).unwrap();
-    let r = b.remote(0, BIG).unwrap();
-    let lists = ChunkLists {
-        read_list: List(vec![ReadSegment {
-            position,
-            target: RdmaSegment {
-                handle: r.rkey,
-                length: BIG as u32,
-                offset: r.addr,
-            },
-        }]),
-        ..no_chunks()
-    };
     let waits = srv.stats.arena_waits.load(Ordering::Relaxed);
-    p.send(&rdma_msg(xid, lists, &inline));
+    // At 1 MiB in the same file: new blocks again.
+    let xid = send_big_write(&mut p, &fresh, BIG as u64, &b, &second);
     assert!(
         wait_until(|| srv.stats.arena_waits.load(Ordering::Relaxed) > waits),
         "the WRITE did not wait for memory"
