@@ -575,6 +575,7 @@ impl PoolThread {
         }
         let mut failed = Vec::new();
         let mut overdue = Vec::new();
+        let mut worked = Vec::new();
         let conns = &mut self.conns;
         self.waiting.retain(|qp| {
             let Some(e) = conns.get_mut(qp) else {
@@ -593,12 +594,17 @@ impl PoolThread {
                         failed.push((*qp, err));
                         return false;
                     }
+                    worked.push(*qp);
                     e.conn.has_deferred()
                 }
             }
         });
         for (qp, err) in failed {
             self.ended(qp, err);
+        }
+        // (A call landed at last may lead to a long call.)
+        for qp in worked {
+            self.after_work(qp);
         }
         for qp in overdue {
             if let Some(e) = self.conns.remove(&qp) {
