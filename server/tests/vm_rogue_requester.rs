@@ -2130,8 +2130,9 @@ fn a_write_that_finds_the_arena_full_waits_for_memory_then_is_refused_if_none_co
     // Two 64 MiB regions: one for the small blocks of the file every
     // server here starts with, one of 64 KiB blocks (1,024).
     let srv = Server::start_arena(rdma_config(), 128 << 20);
-    // 62 MiB + 1 MiB of the 64 KiB blocks taken: room for one landing.
-    make_file(&srv, "arena-ballast", 62 << 20);
+    // The store's block of zeros, 62 MiB - 64 KiB and 1 MiB of the 64 KiB
+    // blocks taken: room for one landing (16 blocks).
+    make_file(&srv, "arena-ballast", (62 << 20) - (64 << 10));
     let (target, _) = make_file(&srv, "arena-target", BIG);
     let (fresh, _) = make_file(&srv, "arena-fresh", 0);
     let mut good = Peer::connect(&srv);
