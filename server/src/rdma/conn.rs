@@ -133,8 +133,9 @@ impl Conn {
         self.v.qp.qp_num()
     }
 
-    /// Whether receives wait for their buffers: its pool thread then looks
-    /// again soon instead of sleeping until a completion comes.
+    /// Whether receives wait for their buffers, or calls for arena memory:
+    /// its pool thread then looks again soon instead of sleeping until a
+    /// completion comes.
     pub fn has_deferred(&self) -> bool {
         !self.deferred.is_empty() || !self.starved.is_empty()
     }
