@@ -286,6 +286,7 @@ impl EventChannel {
                     id,
                     channel: Mutex::new(self.clone()),
                     has_qp: AtomicBool::new(false),
+                    qp_lock: Mutex::new(()),
                 }),
             }),
             _ => None,
@@ -393,9 +394,17 @@ pub(crate) struct CmIdInner {
     id: NonNull<rdma_cm_id>,
     channel: Mutex<Arc<EventChannel>>,
     has_qp: AtomicBool,
+    /// Held by every call that reads or sets the id's QP pointer
+    /// (creating and destroying the QP, connecting, accepting,
+    /// disconnecting): librdmacm does not guard it, and a disconnect that
+    /// read it while another thread destroyed the QP would modify freed
+    /// memory.
+    qp_lock: Mutex<()>,
 }
 
-// SAFETY: librdmacm calls on an id are thread safe; the pointer is owned.
+// SAFETY: the pointer is owned. librdmacm calls on an id may come from
+// any thread; those that use the id's QP pointer are serialised by
+// `qp_lock`, the others do not touch state another call changes.
 unsafe impl Send for CmIdInner {}
 // SAFETY: as above.
 unsafe impl Sync for CmIdInner {}
@@ -403,6 +412,12 @@ unsafe impl Sync for CmIdInner {}
 impl CmIdInner {
     pub(crate) fn as_ptr(&self) -> *mut rdma_cm_id {
         self.id.as_ptr()
+    }
+
+    /// Holds off other calls that use the id's QP pointer (see
+    /// `qp_lock`).
+    pub(crate) fn lock_qp(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.qp_lock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn qp_destroyed(&self) {
@@ -498,6 +513,7 @@ impl CmId {
                 id,
                 channel: Mutex::new(channel.clone()),
                 has_qp: AtomicBool::new(false),
+                qp_lock: Mutex::new(()),
             }),
         })
     }
@@ -711,6 +727,7 @@ impl CmId {
                 attr.cap.max_recv_sge = caps.max_recv_sge;
             }
         }
+        let _qp = self.inner.lock_qp();
         // SAFETY: live id, PD, CQs and shared receive queue of the id's
         // device (checked above), kept alive by the QueuePair; `attr` is
         // valid for the call.
@@ -774,6 +791,7 @@ impl CmId {
     /// `ConnectError`.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let mut raw = param.to_raw(MAX_CONNECT_PRIVATE_DATA)?;
+        let _qp = self.inner.lock_qp();
         // SAFETY: live id; `raw` points into `param`, valid for the call
         // (librdmacm copies the private data).
         let rc = unsafe { rdma_connect(self.ptr(), &mut raw) };
@@ -794,6 +812,7 @@ impl CmId {
     /// up at the [`CmEventKind::Established`] event.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let mut raw = param.to_raw(MAX_ACCEPT_PRIVATE_DATA)?;
+        let _qp = self.inner.lock_qp();
         // SAFETY: live id; `raw` valid for the call.
         let rc = unsafe { rdma_accept(self.ptr(), &mut raw) };
         check_rc(rc, "rdma_accept")
@@ -826,8 +845,12 @@ impl CmId {
         }
         let mut raw = param.to_raw(MAX_ACCEPT_PRIVATE_DATA)?;
         let id = self.ptr();
+        // The QP cannot be destroyed (its owner may already be another
+        // thread) until this returns.
+        let _qp = self.inner.lock_qp();
         // SAFETY: live id; `qp` is set by `create_qp` and owned by the
-        // QueuePair, which keeps this id alive.
+        // QueuePair, which keeps this id alive and cannot destroy it while
+        // `_qp` is held.
         let qp = unsafe { (*id).qp };
         if qp.is_null() {
             return Err(VerbsError::InvalidArgument(
@@ -892,10 +915,9 @@ impl CmId {
         // SAFETY: plain field reads of the live QP.
         raw.qp_num = unsafe { (*qp).qp_num };
         raw.srq = u8::from(unsafe { !(*qp).srq.is_null() });
-        // SAFETY: live id; nothing else uses it during the call (the
-        // connection is not yet handed to any thread), and the pointer is
-        // put back before anything can read it. `raw` is valid for the
-        // call.
+        // SAFETY: live id; no other call that uses its QP pointer runs
+        // meanwhile (`_qp`), and the pointer is put back before the lock
+        // is let go. `raw` is valid for the call.
         let rc = unsafe {
             (*id).qp = std::ptr::null_mut();
             let rc = rdma_accept(id, &mut raw);
@@ -942,6 +964,7 @@ impl CmId {
     /// Disconnects; both sides get [`CmEventKind::Disconnected`], and
     /// outstanding work requests are flushed.
     pub fn disconnect(&self) -> Result<()> {
+        let _qp = self.inner.lock_qp();
         // SAFETY: live id.
         let rc = unsafe { rdma_disconnect(self.ptr()) };
         check_rc(rc, "rdma_disconnect")

@@ -652,6 +652,9 @@ unsafe fn link_chain<W: ChainedWr>(
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        // Not while another thread disconnects, connects or accepts on the
+        // id: those read the id's QP pointer.
+        let _qp = self.cm.lock_qp();
         // SAFETY: the CM id is alive (we hold an Arc to it) and owns exactly
         // this QP (create_qp refuses a second one). Destroyed once.
         unsafe { rdma_destroy_qp(self.cm.as_ptr()) };
