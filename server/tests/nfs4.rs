@@ -598,16 +598,7 @@ fn nfsv42_copy_seek_allocate_and_deallocate() {
         }),
         ArgOp::Savefh,
         ArgOp::Putfh(dfh.clone()),
-        ArgOp::Copy(CopyArgs {
-            src_stateid: src,
-            dst_stateid: dst,
-            src_offset: 0,
-            dst_offset: 0,
-            count: 0,
-            consecutive: true,
-            synchronous: true,
-            source_server: BoundedVec(vec![]),
-        }),
+        copy_whole(src, dst),
     ]);
     assert_eq!(r.status, Status::OK, "{r:?}");
     let ResOp::Copy(Ok(c)) = &r.results[5] else {

@@ -21,7 +21,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
-use common::nfs4::{create_session, exchange_id};
+use common::nfs4::{copy_whole, create_session, exchange_id};
 use common::{assert_success, root_cred};
 use nfsrdma_server::exports::Exports;
 use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
@@ -35,7 +35,7 @@ use nfsrdma_xdr::nfs3::{
     Data, Ftype3, Getattr3Args, Nfs3Res, NfsFh3, NfsProc3, NfsResult, Read3Args, Sattr3, StableHow,
     Write3Args,
 };
-use nfsrdma_xdr::nfs4::ops::{CopyArgs, SequenceArgs};
+use nfsrdma_xdr::nfs4::ops::SequenceArgs;
 use nfsrdma_xdr::nfs4::{
     ArgOp, Compound4Args, Compound4Res, ResOp, Stateid4, Status, Utf8Str, PROC_COMPOUND,
 };
@@ -44,7 +44,7 @@ use nfsrdma_xdr::rpcrdma::{
     ChunkLists, CmPrivate, PaddedBody, RdmaBody, RdmaError, RdmaHeader, RdmaSegment, ReadSegment,
     WriteChunk,
 };
-use nfsrdma_xdr::{BoundedVec, Decoder, List, Payload, Xdr};
+use nfsrdma_xdr::{Decoder, List, Payload, Xdr};
 use std::collections::{HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -2031,16 +2031,7 @@ fn a_long_copy_leaves_the_other_connections_of_its_pool_thread_served() {
             ArgOp::Putfh(sfh),
             ArgOp::Savefh,
             ArgOp::Putfh(dfh),
-            ArgOp::Copy(CopyArgs {
-                src_stateid: anon,
-                dst_stateid: anon,
-                src_offset: 0,
-                dst_offset: 0,
-                count: 0,
-                consecutive: true,
-                synchronous: true,
-                source_server: BoundedVec(vec![]),
-            }),
+            copy_whole(anon, anon),
         ],
     }
     .encode(&mut args);

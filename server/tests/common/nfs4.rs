@@ -68,6 +68,21 @@ pub fn create_session(clientid: u64, sequence: u32) -> ArgOp {
     })
 }
 
+/// COPY (synchronous, within the server) of the whole source, the saved
+/// handle, to the start of the current one.
+pub fn copy_whole(src: Stateid4, dst: Stateid4) -> ArgOp {
+    ArgOp::Copy(CopyArgs {
+        src_stateid: src,
+        dst_stateid: dst,
+        src_offset: 0,
+        dst_offset: 0,
+        count: 0,
+        consecutive: true,
+        synchronous: true,
+        source_server: BoundedVec(vec![]),
+    })
+}
+
 pub fn ok<T: std::fmt::Debug>(r: &Res<T>) -> &T {
     match r {
         Ok(v) => v,
