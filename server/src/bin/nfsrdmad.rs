@@ -443,8 +443,9 @@ fn start() -> Result<()> {
     if !args.no_rdma {
         // Every export's capacity, plus room for the arena's first region of
         // each block size and for calls' landing and staging blocks in
-        // flight (shared by every connection: a call that finds none left
-        // is answered ERR_CHUNK and counted).
+        // flight (shared by every connection: a call whose Read chunks find
+        // none left waits for some, up to `rdma::conn::ARENA_WAIT`, and is
+        // then answered ERR_CHUNK and counted).
         let limit = (store.capacity_bytes as usize)
             .saturating_mul(rules.entries.len().max(1))
             .saturating_add(6 * (64 << 20));
