@@ -187,20 +187,21 @@ pub(crate) fn timeout_ms(timeout: Option<Duration>) -> libc::c_int {
     }
 }
 
-/// Waits until `fd` is readable or `timeout` passes. Returns whether it is
-/// readable. EINTR is retried.
-pub(crate) fn wait_readable(fd: libc::c_int, timeout: Option<Duration>) -> Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// `poll(2)` over `pfds` until one is ready or `timeout` passes (their
+/// `revents` say which). EINTR is retried.
+fn poll_fds(pfds: &mut [libc::pollfd], timeout: Option<Duration>) -> Result<()> {
     loop {
-        // SAFETY: `pfd` is a valid, initialised pollfd and we pass a count
-        // of exactly one element.
-        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms(timeout)) };
+        // SAFETY: `pfds` is a slice of valid, initialised pollfds and we
+        // pass exactly its length.
+        let rc = unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                timeout_ms(timeout),
+            )
+        };
         if rc >= 0 {
-            return Ok(rc > 0);
+            return Ok(());
         }
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
@@ -210,6 +211,22 @@ pub(crate) fn wait_readable(fd: libc::c_int, timeout: Option<Duration>) -> Resul
             });
         }
     }
+}
+
+fn pollfd(fd: libc::c_int) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes. Returns whether it is
+/// readable. EINTR is retried.
+pub(crate) fn wait_readable(fd: libc::c_int, timeout: Option<Duration>) -> Result<bool> {
+    let mut pfds = [pollfd(fd)];
+    poll_fds(&mut pfds, timeout)?;
+    Ok(pfds[0].revents != 0)
 }
 
 /// What [`wait_readable_or`] saw.
@@ -228,37 +245,13 @@ pub(crate) fn wait_readable_or(
     other: libc::c_int,
     timeout: Option<Duration>,
 ) -> Result<Readable> {
-    let mut pfds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: other,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    loop {
-        // SAFETY: `pfds` is an array of two valid, initialised pollfds and
-        // we pass exactly its length.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms(timeout)) };
-        if rc >= 0 {
-            let ready = |p: &libc::pollfd| p.revents & (libc::POLLIN | libc::POLLERR) != 0;
-            return Ok(Readable {
-                first: ready(&pfds[0]),
-                second: ready(&pfds[1]),
-            });
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINTR) {
-            return Err(VerbsError::Call {
-                call: "poll",
-                source: err,
-            });
-        }
-    }
+    let mut pfds = [pollfd(fd), pollfd(other)];
+    poll_fds(&mut pfds, timeout)?;
+    let ready = |p: &libc::pollfd| p.revents & (libc::POLLIN | libc::POLLERR) != 0;
+    Ok(Readable {
+        first: ready(&pfds[0]),
+        second: ready(&pfds[1]),
+    })
 }
 
 /// Sets or clears `O_NONBLOCK` on `fd`.
