@@ -342,6 +342,13 @@ pub struct Config {
     pub inline_recv: u32,
     /// The peer accepts Send With Invalidate.
     pub remote_invalidation: bool,
+    /// Receives come from a shared receive queue the driver posts to
+    /// (calls only: `calls` must be 0). Nothing is posted at the start, a
+    /// receive may complete in any buffer of the pool (its work request id
+    /// names it), and each buffer is given back to be posted once its
+    /// message is done with. The grant stays `credits`: a call beyond it
+    /// ends the connection.
+    pub shared_receives: bool,
 }
 
 impl Default for Config {
@@ -362,6 +369,7 @@ impl Default for Config {
             inline_send: 4096,
             inline_recv: 4096,
             remote_invalidation: false,
+            shared_receives: false,
         }
     }
 }
@@ -385,6 +393,9 @@ impl Config {
     }
 
     fn checked(mut self) -> Config {
+        if self.shared_receives {
+            self.calls = 0;
+        }
         if self.calls == 0 {
             self.credits = self.credits.max(1);
         }
@@ -493,7 +504,11 @@ impl<L: Piece> Connection<L> {
     pub fn new(cfg: Config) -> Connection<L> {
         let cfg = cfg.checked();
         let mut c = Connection {
-            recv: recv::RecvBuffers::new(cfg.receive_buffers()),
+            recv: if cfg.shared_receives {
+                recv::RecvBuffers::shared()
+            } else {
+                recv::RecvBuffers::new(cfg.receive_buffers())
+            },
             credits: credits::Credits::new(cfg.credits),
             sendq: sendq::SendQueue::new(&cfg),
             reads: reads::ReadScheduler::new(cfg.read_depth),
@@ -507,7 +522,12 @@ impl<L: Piece> Connection<L> {
             closed: None,
             cfg,
         };
-        for b in 0..c.cfg.receive_buffers() {
+        let own = if c.cfg.shared_receives {
+            0
+        } else {
+            c.cfg.receive_buffers()
+        };
+        for b in 0..own {
             c.recv.post(b);
             c.work.push_back(Work::Recv {
                 buffer: b,
@@ -563,6 +583,15 @@ impl<L: Piece> Connection<L> {
     /// Receive buffers held by messages now.
     pub fn held_receives(&self) -> u32 {
         self.recv.held()
+    }
+
+    /// The receive buffers not handed to the driver to post: held by
+    /// messages, and, once the connection has ended, those it had given
+    /// back but whose posting it dropped with the rest of its work. With
+    /// shared receives ([`Config::shared_receives`]) the driver returns
+    /// these to the pool when it drops the connection.
+    pub fn held_buffers(&self) -> Vec<u32> {
+        self.recv.held_ids()
     }
 
     /// True once the connection has ended.
@@ -652,7 +681,11 @@ impl<L: Piece> Connection<L> {
             return;
         }
         self.closed = Some(e.clone());
-        self.work.clear();
+        for w in self.work.drain(..) {
+            if let Work::Recv { buffer, .. } = w {
+                self.recv.unpost(buffer);
+            }
+        }
         // A call that failed for good keeps its failure (it is not to be
         // sent again on another connection), and a reply already fenced
         // is still handed over; nothing else is left to do.
@@ -704,6 +737,10 @@ impl<L: Piece> Connection<L> {
     /// connection's forward direction.
     pub fn received(&mut self, wr: WrId, msg: Bytes, invalidated: Option<u32>) {
         if self.closed.is_some() {
+            // A shared buffer is the driver's to give back to its pool.
+            if let (true, Some(b)) = (self.cfg.shared_receives, wr.recv_buffer()) {
+                let _ = self.recv.take(b);
+            }
             return;
         }
         let Some(buffer) = wr.recv_buffer() else {
@@ -775,3 +812,6 @@ fn backward_msg_type(msg: &[u8]) -> Option<u32> {
     let bare = w(1)? == 1 && w(3)? == 0 && w(4)? == 0 && w(5)? == 0 && w(6)? == 0;
     (bare && w(7)? == w(0)?).then(|| w(8)).flatten()
 }
+
+#[cfg(test)]
+mod shared_tests;

@@ -90,6 +90,12 @@ impl CallTable {
         }
     }
 
+    /// A place no call holds (calls with shared receive buffers, whose
+    /// ids are the pool's, take one of these instead).
+    fn free_place(&self) -> Option<u32> {
+        self.places.iter().position(Option::is_none).map(|p| p as u32)
+    }
+
     fn insert(&mut self, id: CallId, c: CallState) {
         if let Some(p) = self.places.get_mut(Self::place(&id)) {
             debug_assert!(p.is_none(), "two calls in one receive buffer");
@@ -240,7 +246,21 @@ impl<L: Piece> Connection<L> {
                 self.serve.next = self.serve.next.wrapping_add(1);
                 // A call holds its receive buffer: the buffer is its place
                 // in the table, the count tells calls in one place apart.
-                let id = CallId(self.serve.next << 32 | u64::from(buffer));
+                // A shared buffer's id is the pool's: the call takes a free
+                // place instead (there is one: calls are within the grant).
+                let place = if self.cfg.shared_receives {
+                    match self.serve.calls.free_place() {
+                        Some(p) => p,
+                        None => {
+                            return self.close(ConnError::Driver(
+                                "no place for a call within the grant".into(),
+                            ))
+                        }
+                    }
+                } else {
+                    buffer
+                };
+                let id = CallId(self.serve.next << 32 | u64::from(place));
                 self.serve.calls.insert(
                     id,
                     CallState {
