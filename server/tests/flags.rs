@@ -65,6 +65,10 @@ fn bad_rdma_settings_are_refused_by_name() {
             "--rdma-threads must be between 1 and 1024",
         ),
         (
+            &["--rdma-srq", "65537"][..],
+            "--rdma-srq must be between 0 and 65536",
+        ),
+        (
             &["--inline", "3000"][..],
             "--inline must be a multiple of 1K",
         ),

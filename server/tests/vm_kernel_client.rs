@@ -361,3 +361,54 @@ fn registers_with_rpcbind_and_the_kernel_client_finds_mount_through_it() {
         "still registered"
     );
 }
+
+/// nfsrdmad with one pool thread on a shared receive queue of 256
+/// buffers (`--rdma-srq`): the kernel client's data and namespace workload
+/// (every byte read back and compared) gives the same manifest as with
+/// receive buffers of the connection's own, with no connection error and
+/// no Send refused for want of a receive; its calls took their receives
+/// from the shared queue, and never all of it at once.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn kernel_client_over_a_shared_receive_queue() {
+    common::kernel::in_vm(&["nfsv3"]);
+    let mb = 16;
+    let src_data = source(mb << 20);
+    let src = PathBuf::from("/tmp/nfs-source");
+    std::fs::write(&src, &src_data).unwrap();
+    let mut manifests = Vec::new();
+    let mut reports = Vec::new();
+    for flags in [
+        &["--rdma-threads", "1"][..],
+        &["--rdma-threads", "1", "--rdma-srq", "256"],
+    ] {
+        let d = Daemon::start(flags);
+        mount_rdma("/mnt/ours");
+        manifests.push(workload(Path::new("/mnt/ours"), &src, &src_data));
+        sh("timeout 60 umount /mnt/ours");
+        let (ok, report) = d.stop();
+        assert!(ok, "nfsrdmad {flags:?} did not exit cleanly:\n{report}");
+        eprintln!("{flags:?}: {report}");
+        reports.push(report);
+    }
+    assert_eq!(
+        manifests[0], manifests[1],
+        "own and shared receive queues disagree"
+    );
+    let (own, shared) = (&reports[0], &reports[1]);
+    assert_eq!(counter(own, "shared receive buffers "), 0);
+    assert_eq!(counter(shared, "shared receive buffers "), 256);
+    let taken = counter(shared, "taken at once at most ");
+    assert!((1..256).contains(&taken), "taken at most {taken}: {shared}");
+    assert_eq!(
+        counter(shared, "posted now "),
+        256,
+        "every buffer posted again: {shared}"
+    );
+    assert_eq!(counter(shared, "connection errors "), 0, "{shared}");
+    assert_eq!(counter(shared, "(RNR) "), 0, "{shared}");
+    assert!(
+        counter(shared, "RDMA Read ") >= (mb as u64) << 20,
+        "Read chunks"
+    );
+}

@@ -2168,3 +2168,114 @@ fn a_write_that_finds_the_arena_full_waits_for_memory_then_is_refused_if_none_co
     check_good(&mut p, &srv);
     check_good(&mut good, &srv);
 }
+
+/// Sends `CREDITS` NULLs back to back on each peer, then takes every
+/// reply: each call answered once.
+fn nulls_at_full_credit(peers: &mut [&mut Peer]) {
+    let mut sent: Vec<HashSet<u32>> = Vec::new();
+    for p in peers.iter_mut() {
+        let mut xids = HashSet::new();
+        for _ in 0..CREDITS {
+            let xid = p.xid();
+            xids.insert(xid);
+            p.send(&rdma_msg(xid, no_chunks(), &null_call(xid)));
+        }
+        sent.push(xids);
+    }
+    for (p, xids) in peers.iter_mut().zip(sent.iter_mut()) {
+        while !xids.is_empty() {
+            let (h, _) = parse(p.reply());
+            assert!(
+                xids.remove(&h.xid),
+                "reply to an unknown or repeated xid {h:?}"
+            );
+        }
+    }
+}
+
+/// With shared receive queues (`--rdma-srq`): two connections on the one
+/// pool thread receive from its queue of 2 x `CREDITS` buffers, each
+/// sending its credits' worth of calls back to back, three times: every
+/// call is answered, and the buffers go back to the queue as the calls are
+/// done with. Then a requester that posts no receives sends calls until
+/// it has more than its credits at the server (the server's replies to it
+/// wait on receiver-not-ready, so its calls keep their credits): that
+/// connection ends, and every buffer its calls held goes back to the queue
+/// (all of them posted again), the two others served as before.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of_one_that_ends() {
+    let n = 2 * CREDITS;
+    let srv = Server::start_config(RdmaConfig {
+        srq_buffers: n,
+        threads: 1,
+        ..rdma_config()
+    });
+    assert!(
+        srv.listener.shared_receives(),
+        "the device has shared receive queues"
+    );
+    let s = srv.stats.clone();
+    let posted = || s.shared_receives_posted.load(Ordering::Relaxed);
+    assert_eq!(
+        s.shared_receive_buffers.load(Ordering::Relaxed),
+        u64::from(n)
+    );
+    assert_eq!(posted(), u64::from(n), "every buffer posted at start");
+    let mut a = Peer::connect(&srv);
+    let mut b = Peer::connect(&srv);
+    for _ in 0..3 {
+        nulls_at_full_credit(&mut [&mut a, &mut b]);
+    }
+    let taken = s.shared_receives_taken_peak.load(Ordering::Relaxed);
+    assert!(
+        (1..=u64::from(n)).contains(&taken),
+        "taken at most {taken} of {n}"
+    );
+    assert!(
+        wait_until(|| posted() == u64::from(n)),
+        "posted {} of {n} once the calls were answered",
+        posted()
+    );
+    let errors = s.errors.load(Ordering::Relaxed);
+    let mut r = Peer::connect_posting(&srv, false).expect("connect");
+    // CREDITS calls whose replies take the server's send slots, CREDITS
+    // more that wait for a slot with their credits, and one beyond.
+    let mut sent = 0;
+    while sent < 2 * CREDITS + 1 {
+        let xid = r.xid();
+        if !r.try_send(&rdma_msg(xid, no_chunks(), &null_call(xid))) {
+            break;
+        }
+        sent += 1;
+    }
+    let deadline = Instant::now() + T;
+    while !r.dropped() {
+        r.poll();
+        assert!(
+            Instant::now() < deadline,
+            "the connection beyond its credits stayed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        wait_until(|| s.errors.load(Ordering::Relaxed) == errors + 1),
+        "{}",
+        s.report()
+    );
+    assert!(
+        wait_until(|| posted() == u64::from(n)),
+        "posted {} of {n} after the connection ended: {}",
+        posted(),
+        s.report()
+    );
+    drop(r);
+    for _ in 0..3 {
+        nulls_at_full_credit(&mut [&mut a, &mut b]);
+    }
+    assert!(wait_until(|| posted() == u64::from(n)));
+    println!(
+        "shared receive queue: {sent} calls sent beyond; {}",
+        s.report()
+    );
+}

@@ -93,7 +93,10 @@ impl CallTable {
     /// A place no call holds (calls with shared receive buffers, whose
     /// ids are the pool's, take one of these instead).
     fn free_place(&self) -> Option<u32> {
-        self.places.iter().position(Option::is_none).map(|p| p as u32)
+        self.places
+            .iter()
+            .position(Option::is_none)
+            .map(|p| p as u32)
     }
 
     fn insert(&mut self, id: CallId, c: CallState) {

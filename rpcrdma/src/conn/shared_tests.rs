@@ -11,7 +11,12 @@ fn null_call(xid: u32) -> Bytes {
         xid, 1, 8, 0, 0, 0, 0, // RPC-over-RDMA header, no chunks
         xid, 0, 2, 100_003, 3, 0, 0, 0, 0, 0, // CALL NFSv3 NULL, AUTH_NONE
     ];
-    Bytes::from(words.iter().flat_map(|w| w.to_be_bytes()).collect::<Vec<u8>>())
+    Bytes::from(
+        words
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect::<Vec<u8>>(),
+    )
 }
 
 fn shared(credits: u32) -> Connection<Bytes> {
@@ -52,7 +57,11 @@ fn sorted(mut v: Vec<u32>) -> Vec<u32> {
 #[test]
 fn shared_buffers_are_held_by_their_calls_and_given_back_when_done() {
     let mut c = shared(2);
-    assert_eq!(reposts(&mut c), Vec::<u32>::new(), "nothing posted at start");
+    assert_eq!(
+        reposts(&mut c),
+        Vec::<u32>::new(),
+        "nothing posted at start"
+    );
     // Any buffer of the pool may complete on the connection.
     c.received(recv::wr_id(1000), null_call(1), None);
     c.received(recv::wr_id(7), null_call(2), None);
@@ -61,7 +70,11 @@ fn shared_buffers_are_held_by_their_calls_and_given_back_when_done() {
     assert_eq!(c.held_receives(), 2);
     assert_eq!(sorted(c.held_buffers()), vec![7, 1000]);
     c.no_reply(ids[0]);
-    assert_eq!(reposts(&mut c), vec![1000], "the first call's buffer goes back");
+    assert_eq!(
+        reposts(&mut c),
+        vec![1000],
+        "the first call's buffer goes back"
+    );
     assert_eq!(c.held_buffers(), vec![7]);
     // The same buffer again, posted anew, is a new message.
     c.received(recv::wr_id(1000), null_call(3), None);
@@ -89,11 +102,14 @@ fn a_call_beyond_the_grant_ends_the_connection_and_every_buffer_it_held_is_left_
     assert_eq!(calls(&mut c).len(), 1, "within the grant again");
     // A third call with two in use: beyond the grant of 2.
     c.received(recv::wr_id(6), null_call(4), None);
-    let ended = std::iter::from_fn(|| c.poll_event()).any(|ev| {
-        matches!(ev, Event::Closed(ConnError::Protocol(ref m)) if m.contains("credits"))
-    });
+    let ended = std::iter::from_fn(|| c.poll_event())
+        .any(|ev| matches!(ev, Event::Closed(ConnError::Protocol(ref m)) if m.contains("credits")));
     assert!(ended, "a call beyond the grant ends the connection");
-    assert_eq!(reposts(&mut c), Vec::<u32>::new(), "nothing to post once ended");
+    assert_eq!(
+        reposts(&mut c),
+        Vec::<u32>::new(),
+        "nothing to post once ended"
+    );
     // A receive that completes after the end is held too: the driver
     // returns it with the rest.
     c.received(recv::wr_id(9), null_call(5), None);

@@ -74,6 +74,14 @@ struct Args {
     /// fewest connections takes the next) [default: one per core].
     #[arg(long, value_name = "N")]
     rdma_threads: Option<usize>,
+    /// RDMA: receive buffers (of the inline size) per RDMA thread on a
+    /// shared receive queue that all its connections receive from, in
+    /// place of `--credits` buffers of each connection's own (0..=65536;
+    /// 0: each connection its own). Credits are still granted per
+    /// connection; a peer that sends beyond them can empty the queue for
+    /// the others (see docs/operations.md) [default: 0].
+    #[arg(long, value_name = "N")]
+    rdma_srq: Option<u32>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
@@ -147,6 +155,7 @@ struct Config {
     poll: Option<String>,
     signal_every: Option<u32>,
     rdma_threads: Option<usize>,
+    rdma_srq: Option<u32>,
     capacity: Option<String>,
     max_inodes: Option<u64>,
     workers: Option<usize>,
@@ -430,6 +439,12 @@ fn start() -> Result<()> {
         }
         rdma.threads = n;
     }
+    if let Some(n) = args.rdma_srq.or(cfg.rdma_srq) {
+        if n > 65_536 {
+            bail!("--rdma-srq must be between 0 and 65536 (got {n})");
+        }
+        rdma.srq_buffers = n;
+    }
     if args.max_connections.or(cfg.max_connections).is_none() {
         // As many connections as half the machine's memory can register
         // (the settings above decide how much each takes).
@@ -610,16 +625,28 @@ async fn run(
     let mut rdma_listener = None;
     if let Some((cfg, device)) = rdma {
         let addr = cfg.addr;
-        let per_conn = cfg.memory_per_connection();
+        let per_conn_shared = cfg.memory_per_connection();
+        let shared_memory = cfg.shared_receive_memory();
+        let per_conn_own = RdmaConfig {
+            srq_buffers: 0,
+            ..cfg.clone()
+        }
+        .memory_per_connection();
         let chunk_per_conn = cfg.chunk_memory_per_connection();
         let arena_limit = device.arena_limit();
         let (poll, signal_every, max_connections, threads) =
             (cfg.poll, cfg.signal_every, cfg.max_connections, cfg.threads);
         let l = RdmaListener::start(service.clone(), cfg, device)
             .with_context(|| format!("RDMA listener on {addr}"))?;
+        let (per_conn, shared_receive_memory) = if l.shared_receives() {
+            (per_conn_shared, shared_memory)
+        } else {
+            (per_conn_own, 0)
+        };
         tracing::info!(
             addr = %addr,
             memory_per_connection = per_conn,
+            shared_receive_memory,
             chunk_memory_per_connection = chunk_per_conn,
             arena_limit,
             max_connections,

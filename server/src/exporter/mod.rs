@@ -335,6 +335,24 @@ impl Collector for Sources {
                 "The most receive buffers one connection's messages held at once",
                 load(&r.receives_held_peak) as i64,
             )?;
+            gauge(
+                &mut e,
+                "rdma_shared_receive_buffers",
+                "Receive buffers of the pool threads' shared receive queues (0: none, each connection has its own)",
+                load(&r.shared_receive_buffers) as i64,
+            )?;
+            gauge(
+                &mut e,
+                "rdma_shared_receives_posted",
+                "Buffers of the shared receive queues posted now",
+                load(&r.shared_receives_posted) as i64,
+            )?;
+            gauge(
+                &mut e,
+                "rdma_shared_receives_taken_peak",
+                "The most buffers of one pool thread's shared receive queue taken at once",
+                load(&r.shared_receives_taken_peak) as i64,
+            )?;
             for (name, help, a) in [
                 (
                     "rdma_connections",

@@ -5,6 +5,7 @@
 //! It decides nothing about the protocol.
 
 use super::calls::{self, Landing, Local};
+use super::shared::SharedRecv;
 use super::RdmaStats;
 use crate::service::metrics::{CallClass, Transport};
 use crate::service::{CallContext, LongCall, Reply, Service};
@@ -30,8 +31,11 @@ pub const ARENA_WAIT: Duration = Duration::from_secs(5);
 pub struct Verbs {
     /// The queue pair.
     pub qp: Arc<QueuePair>,
-    /// Receive buffers, one per credit.
+    /// Receive buffers: one per credit, or the pool thread's shared ones.
     pub ring: RecvRing,
+    /// The pool thread's shared receive queue, when the queue pair takes
+    /// its receives from one (`ring` is then its buffers).
+    pub shared: Option<Arc<SharedRecv>>,
     /// Send buffers, one per send slot.
     pub send_mr: Arc<MemoryRegion>,
     /// The arena of the store's blocks.
@@ -213,6 +217,11 @@ impl Conn {
             Err(e) => {
                 if let Some(b) = wr.recv_buffer() {
                     self.v.ring.cancel(b as usize);
+                    // A shared buffer goes back to the queue for the
+                    // others; a buffer of its own goes with the queue pair.
+                    if let Some(s) = &self.v.shared {
+                        s.give_back(b)?;
+                    }
                 }
                 if e == CompletionError::RnrRetryExceeded {
                     self.stats
@@ -352,11 +361,15 @@ impl Conn {
 
     fn post(&mut self, w: Work<Local>) -> Result<(), ConnError> {
         match w {
-            Work::Recv { buffer, wr } => {
-                if !self.v.ring.post(&self.v.qp, buffer as usize, wr.0)? {
-                    self.deferred.push((buffer, wr));
+            Work::Recv { buffer, wr } => match &self.v.shared {
+                // (A buffer still lent waits with the queue's orphans.)
+                Some(s) => s.give_back(buffer)?,
+                None => {
+                    if !self.v.ring.post(&self.v.qp, buffer as usize, wr.0)? {
+                        self.deferred.push((buffer, wr));
+                    }
                 }
-            }
+            },
             Work::Reads {
                 call,
                 reads,
@@ -488,5 +501,22 @@ impl Conn {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for Conn {
+    /// Shared receive buffers the connection still holds (its calls',
+    /// and those it had given back without posting) go back to the
+    /// queue: the other connections of the pool thread receive in them.
+    fn drop(&mut self) {
+        let Some(s) = self.v.shared.clone() else {
+            return;
+        };
+        self.core.close_now();
+        for b in self.core.held_buffers() {
+            if let Err(e) = s.give_back(b) {
+                tracing::error!(error = %e, buffer = b, "a shared receive buffer not posted again");
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! connections down when the peer goes or the listener stops.
 
 use super::conn::{Conn, Verbs};
-use super::worker::{Placement, Pool};
+use super::worker::{Placement, Pool, SharedSpec};
 use super::{RdmaConfig, RdmaDevice, RdmaStats};
 use crate::service::{CallContext, Service};
 use nfsrdma_rpcrdma::conn::{Config, Connection};
@@ -28,6 +28,7 @@ pub struct RdmaListener {
     disconnect: mpsc::Sender<mpsc::Sender<usize>>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<RdmaStats>,
+    shared_receives: bool,
 }
 
 impl RdmaListener {
@@ -44,15 +45,22 @@ impl RdmaListener {
         let credits = cfg.credits.max(1);
         let per_connection =
             Pool::entries_per_connection(send_queue_depth(credits, attrs.max_qp_wr), credits);
+        let shared = (cfg.srq_buffers > 0).then(|| SharedSpec {
+            pd: device.pd.clone(),
+            buffers: cfg.srq_buffers,
+            size: Offer::responder(cfg.inline_size).inline as usize,
+        });
         let pool = Pool::start(
             &device.ctx,
             cfg.threads,
             cfg.poll,
             per_connection,
             attrs.max_cqe,
+            shared,
             stats.clone(),
             service.clone(),
         )?;
+        let shared_receives = pool.has_shared_receives();
         let channel = EventChannel::new()?;
         let listen = CmId::new(&channel)?;
         listen.bind_addr(cfg.addr)?;
@@ -78,6 +86,7 @@ impl RdmaListener {
             disconnect,
             thread: Some(thread),
             stats,
+            shared_receives,
         })
     }
 
@@ -89,6 +98,12 @@ impl RdmaListener {
     /// The counters.
     pub fn stats(&self) -> Arc<RdmaStats> {
         self.stats.clone()
+    }
+
+    /// Whether connections receive on their pool thread's shared receive
+    /// queue (asked for, and the device has them).
+    pub fn shared_receives(&self) -> bool {
+        self.shared_receives
     }
 
     /// Disconnects every current connection (as if each peer had gone
@@ -335,9 +350,17 @@ fn set_up(
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qp = req.id.create_qp(&pd, &at.cq, &at.cq, caps)?;
+    let (qp, ring) = match &at.shared {
+        Some(s) => (
+            req.id.create_qp_on_srq(&pd, &at.cq, &at.cq, caps, &s.srq)?,
+            s.ring.clone(),
+        ),
+        None => (
+            req.id.create_qp(&pd, &at.cq, &at.cq, caps)?,
+            RecvRing::new(&pd, credits as usize, ours as usize)?,
+        ),
+    };
     let qp_num = qp.qp_num();
-    let ring = RecvRing::new(&pd, credits as usize, ours as usize)?;
     let send_mr = MemoryRegion::new(&pd, credits as usize * ours as usize, Access::LOCAL)?;
     // In the request as the listener sees it, `initiator_depth` bounds the
     // RDMA Reads we may have outstanding towards the peer and
@@ -360,6 +383,7 @@ fn set_up(
         inline_send: agreed.inline_send,
         inline_recv: ours,
         remote_invalidation: agreed.peer_accepts_remote_invalidation,
+        shared_receives: at.shared.is_some(),
         ..Config::default()
     });
     let accept_param = ConnParam {
@@ -378,6 +402,7 @@ fn set_up(
         Verbs {
             qp,
             ring,
+            shared: at.shared.clone(),
             send_mr,
             arena: device.arena.clone(),
             slot_size: ours as usize,

@@ -35,6 +35,7 @@ pub mod conn;
 pub mod device;
 pub mod listener;
 pub mod long;
+pub mod shared;
 pub mod stats;
 pub mod worker;
 
@@ -75,6 +76,11 @@ pub struct RdmaConfig {
     /// Connections served at once; a connect request beyond them is
     /// rejected (counted in [`RdmaStats::refused_connections`]).
     pub max_connections: usize,
+    /// Receive buffers per pool thread on a shared receive queue that all
+    /// the thread's connections receive from ([`shared`]); 0: each
+    /// connection posts `credits` buffers of its own (the default). A
+    /// device without shared receive queues falls back to that, logged.
+    pub srq_buffers: u32,
 }
 
 impl Default for RdmaConfig {
@@ -91,6 +97,7 @@ impl Default for RdmaConfig {
             signal_every: 1,
             max_connections: 256,
             threads: default_threads(),
+            srq_buffers: 0,
         }
     }
 }
@@ -103,14 +110,28 @@ pub fn default_threads() -> usize {
 
 impl RdmaConfig {
     /// Bytes of registered memory one connection holds for its life: a
-    /// receive buffer and a send buffer per credit. The memory its calls'
+    /// receive buffer and a send buffer per credit (a send buffer only,
+    /// with shared receive queues: see
+    /// [`RdmaConfig::shared_receive_memory`]). The memory its calls'
     /// chunks land in and its replies' data is staged in comes from the
     /// device's arena as calls need it, at most
     /// [`RdmaConfig::chunk_memory_per_connection`].
     pub fn memory_per_connection(&self) -> usize {
         let inline = CmPrivate::representable(self.inline_size) as usize;
         let slots = self.credits as usize;
-        slots * inline + slots * inline
+        let receive = if self.srq_buffers > 0 {
+            0
+        } else {
+            slots * inline
+        };
+        receive + slots * inline
+    }
+
+    /// Bytes of the shared receive queues' buffers, for the daemon's life:
+    /// `srq_buffers` per pool thread (0 without them).
+    pub fn shared_receive_memory(&self) -> usize {
+        let inline = CmPrivate::representable(self.inline_size) as usize;
+        self.srq_buffers as usize * inline * self.threads.max(1)
     }
 
     /// The most arena memory one connection's calls hold at once: per
@@ -205,5 +226,15 @@ mod tests {
             cfg.chunk_memory_per_connection(),
             2 * 4 * ((1 << 20) + (64 << 10))
         );
+        assert_eq!(cfg.shared_receive_memory(), 0);
+        // With shared receive queues a connection keeps its send buffers
+        // only; the receive buffers are per pool thread.
+        let shared = RdmaConfig {
+            srq_buffers: 1024,
+            threads: 2,
+            ..RdmaConfig::default()
+        };
+        assert_eq!(shared.memory_per_connection(), 128 * 4096);
+        assert_eq!(shared.shared_receive_memory(), 2 * 1024 * 4096);
     }
 }

@@ -78,6 +78,18 @@ pub struct RdmaStats {
     /// The most receive buffers one connection's messages held at once:
     /// never more than the credits granted, whatever a peer sends.
     pub receives_held_peak: AtomicU64,
+    /// Receive buffers of the pool threads' shared receive queues, all
+    /// threads together (0: each connection has its own, the default;
+    /// `--rdma-srq`).
+    pub shared_receive_buffers: AtomicU64,
+    /// Of those, the buffers posted now (the rest are held by calls, or
+    /// wait to be posted again).
+    pub shared_receives_posted: AtomicU64,
+    /// The most buffers of one pool thread's shared receive queue taken
+    /// at once (received and not yet posted again): when it reaches the
+    /// thread's share of [`RdmaStats::shared_receive_buffers`], a Send
+    /// can have found the queue empty.
+    pub shared_receives_taken_peak: AtomicU64,
     /// Of the calls found polling under `--poll auto`, how long each came
     /// after the connection's last work, by [`GAP_BOUNDS_US`] (the last
     /// bucket: longer than the largest bound).
@@ -127,6 +139,7 @@ impl RdmaStats {
              discarded {}, credits granted {}, payload bytes copied {}, calls refused for want of arena memory {} (waited for it {}), connection errors {}, connections refused over the cap {}, \
              closed for want of a receive at the peer (RNR) {}, \
              calls found polling {} / after a wake-up {}, idle wake-ups {}, long calls run off the pool threads {}, receives held at most {}, \
+             shared receive buffers {} (posted now {}, of one thread's taken at once at most {}), \
              gaps before calls found polling in us: {}\n",
             g(&self.connections),
             g(&self.open),
@@ -155,6 +168,9 @@ impl RdmaStats {
             g(&self.idle_wakeups),
             g(&self.long_calls),
             g(&self.receives_held_peak),
+            g(&self.shared_receive_buffers),
+            g(&self.shared_receives_posted),
+            g(&self.shared_receives_taken_peak),
             self.gaps_report(),
         )
     }

@@ -26,12 +26,14 @@
 
 use super::conn::{Conn, ConnError};
 use super::long::{Back, LongSender, LongThreads};
+use super::shared::SharedRecv;
 use super::RdmaStats;
 use crate::service::{Reply, Service};
 use nfsrdma_rpcrdma::conn::{CallId, WrId, WrKind};
 use nfsrdma_transport::rdma::engine::{PollMode, Poller, WAIT_SLICE};
 use nfsrdma_transport::rdma::verbs::{
-    CmId, CompletionChannel, CompletionQueue, Context, VerbsError, Waker, WorkCompletion,
+    CmId, CompletionChannel, CompletionQueue, Context, ProtectionDomain, VerbsError, Waker,
+    WorkCompletion,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -113,6 +115,9 @@ pub struct Placement {
     pub cq: Arc<CompletionQueue>,
     /// The connection's number in the pool, never reused.
     pub serial: u64,
+    /// The thread's shared receive queue, when it has one: the queue pair
+    /// takes its receives from it.
+    pub shared: Option<Arc<SharedRecv>>,
 }
 
 struct CqRoom {
@@ -129,6 +134,7 @@ struct Thread {
     cqs: Vec<CqRoom>,
     connections: usize,
     handle: Option<JoinHandle<()>>,
+    shared: Option<Arc<SharedRecv>>,
 }
 
 /// The pool, as the connection manager thread holds it.
@@ -137,8 +143,22 @@ pub struct Pool {
     threads: Vec<Thread>,
     per_connection: u32,
     per_cq: u32,
+    /// CQ entries beyond the connections' own: a thread's shared receive
+    /// queue's buffers, all of which may complete on one CQ.
+    extra_cqe: u32,
     placed: u64,
     long: LongThreads,
+}
+
+/// Shared receive queues for the pool threads: `buffers` each, of `size`
+/// bytes, on `pd` ([`super::shared`]).
+pub struct SharedSpec {
+    /// The protection domain the queue pairs are on.
+    pub pd: Arc<ProtectionDomain>,
+    /// Buffers per thread.
+    pub buffers: u32,
+    /// Bytes per buffer (our inline threshold).
+    pub size: usize,
 }
 
 impl Pool {
@@ -146,29 +166,61 @@ impl Pool {
     /// waiting in `mode`, for connections whose queue pairs take at most
     /// `per_connection` CQ entries each; CQs of at most `max_cqe` entries.
     /// As many threads for long calls ([`super::long`]) start with them.
+    /// With `shared`, each thread gets a shared receive queue; a device
+    /// that has none leaves every thread without one (logged: see
+    /// [`Pool::has_shared_receives`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         ctx: &Context,
         threads: usize,
         mode: PollMode,
         per_connection: u32,
         max_cqe: u32,
+        shared: Option<SharedSpec>,
         stats: Arc<RdmaStats>,
         service: Arc<Service>,
     ) -> Result<Pool, VerbsError> {
         let per_connection = per_connection.max(1);
-        let per_cq = Pool::connections_per_cq(per_connection, max_cqe);
+        let extra_cqe = shared.as_ref().map_or(0, |s| s.buffers);
+        let per_cq = Pool::connections_per_cq(per_connection, max_cqe.saturating_sub(extra_cqe));
         let threads = threads.max(1);
         let mut pool = Pool {
             ctx: ctx.clone(),
             threads: Vec::new(),
             per_connection,
             per_cq,
+            extra_cqe,
             placed: 0,
             long: LongThreads::start(threads, service, stats.clone())?,
         };
+        let mut shared = shared;
         for i in 0..threads {
+            let srq = match &shared {
+                Some(spec) => {
+                    match SharedRecv::new(&spec.pd, spec.buffers, spec.size, stats.clone()) {
+                        Ok(s) => Some(s),
+                        Err(e) if i == 0 => {
+                            tracing::warn!(
+                                error = %e,
+                                buffers = spec.buffers,
+                                "no shared receive queue on this device: each connection posts receives of its own"
+                            );
+                            shared = None;
+                            pool.extra_cqe = 0;
+                            pool.per_cq = Pool::connections_per_cq(per_connection, max_cqe);
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => None,
+            };
             let channel = CompletionChannel::new(ctx)?;
-            let cq = CompletionQueue::new(ctx, per_connection * per_cq, Some(&channel))?;
+            let cq = CompletionQueue::new(
+                ctx,
+                per_connection * pool.per_cq + pool.extra_cqe,
+                Some(&channel),
+            )?;
             let mut poller = Poller::new(vec![cq.clone()], mode)
                 .map_err(|e| VerbsError::InvalidArgument(format!("completion engine: {e}")))?;
             let waker = Arc::new(Waker::new()?);
@@ -180,6 +232,7 @@ impl Pool {
                 stats.clone(),
                 pool.long.sender(),
                 (tx.clone(), waker.clone()),
+                srq.clone(),
             );
             let handle = std::thread::Builder::new()
                 .name(format!("rdma-pool-{i}"))
@@ -195,9 +248,15 @@ impl Pool {
                 cqs: vec![CqRoom { cq, connections: 0 }],
                 connections: 0,
                 handle: Some(handle),
+                shared: srq,
             });
         }
         Ok(pool)
+    }
+
+    /// Whether the threads receive on shared receive queues.
+    pub fn has_shared_receives(&self) -> bool {
+        self.threads.iter().any(|t| t.shared.is_some())
     }
 
     /// Connections sharing one CQ: as many as a CQ of the device's largest
@@ -228,7 +287,7 @@ impl Pool {
             None => {
                 let cq = CompletionQueue::new(
                     &self.ctx,
-                    self.per_connection * self.per_cq,
+                    self.per_connection * self.per_cq + self.extra_cqe,
                     Some(&t.channel),
                 )?;
                 // Armed before any queue pair completes on it: its first
@@ -247,6 +306,7 @@ impl Pool {
             thread: i,
             cq: room.cq.clone(),
             serial: self.placed,
+            shared: t.shared.clone(),
         })
     }
 
@@ -353,6 +413,8 @@ struct PoolThread {
     long: LongSender,
     /// Where their replies come back: this thread's messages and waker.
     back: (mpsc::Sender<Msg>, Arc<Waker>),
+    /// The thread's shared receive queue, if it has one.
+    shared: Option<Arc<SharedRecv>>,
 }
 
 impl PoolThread {
@@ -362,6 +424,7 @@ impl PoolThread {
         stats: Arc<RdmaStats>,
         long: LongSender,
         back: (mpsc::Sender<Msg>, Arc<Waker>),
+        shared: Option<Arc<SharedRecv>>,
     ) -> PoolThread {
         PoolThread {
             poller,
@@ -372,7 +435,14 @@ impl PoolThread {
             waiting: Vec::new(),
             long,
             back,
+            shared,
         }
+    }
+
+    /// Whether buffers of the shared receive queue wait to be posted once
+    /// free.
+    fn has_orphans(&self) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.has_orphans())
     }
 
     fn run(mut self) {
@@ -382,11 +452,12 @@ impl PoolThread {
             if !self.messages() {
                 break;
             }
-            self.poller.set_wait_slice(if self.waiting.is_empty() {
-                IDLE_WAIT
-            } else {
-                WAIT_SLICE
-            });
+            self.poller
+                .set_wait_slice(if self.waiting.is_empty() && !self.has_orphans() {
+                    IDLE_WAIT
+                } else {
+                    WAIT_SLICE
+                });
             wcs.clear();
             let n = match self.poller.wait(&mut wcs) {
                 Ok(n) => n,
@@ -513,14 +584,24 @@ impl PoolThread {
         self.touched.clear();
         for wc in wcs.drain(..) {
             let qp = wc.qp_num;
-            // A completion of a connection already dropped (its queue pair
-            // flushed as it was destroyed) has nobody to go to.
-            let Some(e) = self.conns.get_mut(&qp) else {
-                continue;
+            let shared_buffer = match &self.shared {
+                Some(s) => WrId(wc.wr_id).recv_buffer().inspect(|_| s.consumed()),
+                None => None,
             };
-            if e.flushed.is_some() {
-                continue;
-            }
+            // A completion of a connection already dropped (its queue pair
+            // flushed as it was destroyed) has nobody to go to; a shared
+            // receive buffer it took goes back to the queue.
+            let e = match self.conns.get_mut(&qp) {
+                Some(e) if e.flushed.is_none() => e,
+                _ => {
+                    if let (Some(s), Some(b)) = (&self.shared, shared_buffer) {
+                        if let Err(err) = s.unclaimed(b) {
+                            tracing::error!(error = %err, "RDMA pool thread: a shared receive buffer not posted again");
+                        }
+                    }
+                    continue;
+                }
+            };
             if !self.touched.contains(&qp) {
                 self.touched.push(qp);
             }
@@ -570,6 +651,13 @@ impl PoolThread {
     /// Between batches: receives whose buffers came free, and flushed
     /// connections whose disconnect report never came.
     fn between_batches(&mut self) {
+        if let Some(s) = &self.shared {
+            if s.has_orphans() {
+                if let Err(err) = s.retry_orphans() {
+                    tracing::error!(error = %err, "RDMA pool thread: shared receive buffers not posted again");
+                }
+            }
+        }
         if self.waiting.is_empty() {
             return;
         }
