@@ -2200,8 +2200,9 @@ fn nulls_at_full_credit(peers: &mut [&mut Peer]) {
 /// done with. Then a requester that posts no receives sends calls until
 /// it has more than its credits at the server (the server's replies to it
 /// wait on receiver-not-ready, so its calls keep their credits): that
-/// connection ends, and every buffer its calls held goes back to the queue
-/// (all of them posted again), the two others served as before.
+/// connection ends, the server having held no more of its calls than its
+/// credits, and every buffer it took goes back to the queue (all of them
+/// posted again), the two others served as before.
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of_one_that_ends() {
@@ -2270,6 +2271,13 @@ fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of
         s.report()
     );
     drop(r);
+    // Its credits bounded the calls the server held for it, whatever it
+    // took from the queue.
+    let held = s.receives_held_peak.load(Ordering::Relaxed);
+    assert!(
+        held <= u64::from(CREDITS),
+        "the server held {held} calls of one connection, credits {CREDITS}"
+    );
     for _ in 0..3 {
         nulls_at_full_credit(&mut [&mut a, &mut b]);
     }
@@ -2277,5 +2285,32 @@ fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of
     println!(
         "shared receive queue: {sent} calls sent beyond; {}",
         s.report()
+    );
+}
+
+/// More shared receive buffers than the device's shared receive queues
+/// (or half its largest CQ) take: the listener does not start, and says
+/// why.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn more_shared_receive_buffers_than_the_device_takes_are_refused_at_start() {
+    let rules = Exports::parse("/export *(rw)\n").unwrap();
+    let device = RdmaDevice::open(SocketAddr::new(rdma_ip(), 0), 64 << 20)
+        .expect("RDMA device (run with scripts/test-vm)");
+    let ex = Service::exports_from_rules_with(&rules, &StoreConfig::default(), &|| {
+        device.block_source()
+    });
+    let service = Arc::new(Service::new(ex, ServiceConfig::default()));
+    let cfg = RdmaConfig {
+        srq_buffers: 65_536,
+        ..rdma_config()
+    };
+    let err = match RdmaListener::start(service, cfg, device) {
+        Ok(_) => panic!("a listener with 65,536 shared receive buffers per thread started"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("--rdma-srq 65536: this device takes at most"),
+        "{err}"
     );
 }

@@ -184,8 +184,11 @@ impl Conn {
     /// them answered yet), carries out the work they led to and posts the
     /// receives whose buffers came free.
     pub fn after_batch(&mut self) -> Result<(), ConnError> {
+        // (Once ended, a connection on a shared receive queue also holds
+        // the buffers it took after the end, for its pool thread to give
+        // back: not messages of its calls.)
         let held = self.core.held_receives();
-        if held > self.held_peak {
+        if held > self.held_peak && !self.core.is_closed() {
             self.held_peak = held;
             self.stats
                 .receives_held_peak

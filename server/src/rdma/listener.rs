@@ -45,11 +45,29 @@ impl RdmaListener {
         let credits = cfg.credits.max(1);
         let per_connection =
             Pool::entries_per_connection(send_queue_depth(credits, attrs.max_qp_wr), credits);
-        let shared = (cfg.srq_buffers > 0).then(|| SharedSpec {
-            pd: device.pd.clone(),
-            buffers: cfg.srq_buffers,
-            size: Offer::responder(cfg.inline_size).inline as usize,
-        });
+        let shared = if cfg.srq_buffers == 0 {
+            None
+        } else if attrs.max_srq == 0 {
+            tracing::warn!(
+                "the RDMA device has no shared receive queues: each connection posts receives of its own"
+            );
+            None
+        } else {
+            // All of a thread's buffers may complete on one of its CQs.
+            let most = attrs.max_srq_wr.min(attrs.max_cqe / 2);
+            if cfg.srq_buffers > most {
+                return Err(VerbsError::InvalidArgument(format!(
+                    "--rdma-srq {}: this device takes at most {most} buffers on a shared receive \
+                     queue (max_srq_wr {}, half its largest CQ {})",
+                    cfg.srq_buffers, attrs.max_srq_wr, attrs.max_cqe
+                )));
+            }
+            Some(SharedSpec {
+                pd: device.pd.clone(),
+                buffers: cfg.srq_buffers,
+                size: Offer::responder(cfg.inline_size).inline as usize,
+            })
+        };
         let pool = Pool::start(
             &device.ctx,
             cfg.threads,

@@ -25,7 +25,7 @@
 use super::RdmaStats;
 use nfsrdma_rpcrdma::conn::recv::wr_id;
 use nfsrdma_transport::rdma::verbs::{ProtectionDomain, RecvRing, SharedReceiveQueue, VerbsError};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A pool thread's shared receive queue and its buffers.
@@ -38,6 +38,8 @@ pub struct SharedRecv {
     posted: AtomicU64,
     /// Buffers given back while still lent: posted once free.
     orphans: Mutex<Vec<u32>>,
+    /// Whether `orphans` has any (read without the lock between batches).
+    has_orphans: AtomicBool,
     stats: Arc<RdmaStats>,
 }
 
@@ -67,6 +69,7 @@ impl SharedRecv {
             ring,
             posted: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
+            has_orphans: AtomicBool::new(false),
             stats,
         });
         for b in 0..n {
@@ -112,6 +115,7 @@ impl SharedRecv {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(b);
+            self.has_orphans.store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -125,16 +129,16 @@ impl SharedRecv {
 
     /// True while buffers wait to be posted once free.
     pub fn has_orphans(&self) -> bool {
-        !self
-            .orphans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        self.has_orphans.load(Ordering::Acquire)
     }
 
     /// Posts the orphans that came free.
     pub fn retry_orphans(&self) -> Result<(), VerbsError> {
-        let waiting = std::mem::take(&mut *self.orphans.lock().unwrap_or_else(|p| p.into_inner()));
+        let waiting = {
+            let mut o = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            self.has_orphans.store(false, Ordering::Release);
+            std::mem::take(&mut *o)
+        };
         for b in waiting {
             self.give_back(b)?;
         }

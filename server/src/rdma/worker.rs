@@ -203,7 +203,7 @@ impl Pool {
                             tracing::warn!(
                                 error = %e,
                                 buffers = spec.buffers,
-                                "no shared receive queue on this device: each connection posts receives of its own"
+                                "no shared receive queue could be created: each connection posts receives of its own"
                             );
                             shared = None;
                             pool.extra_cqe = 0;
