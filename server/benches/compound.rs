@@ -45,10 +45,7 @@ impl Bench {
         let exports = Service::exports_from_rules(&rules, &StoreConfig::default());
         Bench {
             service: Service::new(exports, ServiceConfig::default()),
-            ctx: CallContext {
-                peer: "10.0.0.2:700".parse().expect("address"),
-                local: None,
-            },
+            ctx: CallContext::from("10.0.0.2:700".parse().expect("address")),
             cred: OpaqueAuth::auth_sys(&AuthSysParms {
                 stamp: 0,
                 machinename: "bench".into(),

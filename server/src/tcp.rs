@@ -17,6 +17,7 @@
 //! once.
 
 use crate::service::metrics::Transport;
+use crate::service::nfs4::callback::BackConn;
 use crate::service::{CallContext, Service};
 use bytes::{Buf, Bytes};
 use nfsrdma_xdr::record::{marker, RecordReader};
@@ -335,11 +336,12 @@ impl Drop for Charge {
     }
 }
 
-/// A reply waiting for the writer, with the call's slot and charge.
+/// A reply waiting for the writer, with the call's slot and charge (a
+/// call of the server's to the client, on its backchannel, holds neither).
 struct Queued {
     parts: Vec<Bytes>,
-    _charge: Charge,
-    _slot: OwnedSemaphorePermit,
+    _charge: Option<Charge>,
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
 /// What a call's reply is charged before the call runs: [`SMALL_REPLY`]
@@ -390,9 +392,18 @@ impl Connection {
         let _ = stream.set_nodelay(true);
         self.stats.open.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(peer = %self.peer, "connection open");
+        // The server's calls to the client (an NFSv4.1 backchannel) go out
+        // through the writer too.
+        let (cb_tx, cb_rx) = mpsc::unbounded_channel::<Vec<Bytes>>();
+        let back = BackConn::new(move |mut parts: Vec<Bytes>| {
+            let len: usize = parts.iter().map(Bytes::len).sum();
+            parts.insert(0, Bytes::copy_from_slice(&marker(len as u32, true)));
+            cb_tx.send(parts).is_ok()
+        });
         let ctx = CallContext {
             peer: self.peer,
             local: stream.local_addr().ok(),
+            back: Some(back.clone()),
         };
         let (rd, wr) = stream.into_split();
         let slots = self.config.per_connection.max(1);
@@ -410,6 +421,7 @@ impl Connection {
         let mut writer = tokio::spawn(write_replies(
             wr,
             rx,
+            cb_rx,
             flow.clone(),
             self.stats.clone(),
             self.peer,
@@ -427,6 +439,14 @@ impl Connection {
                     break 'conn End::Peer;
                 }
                 match reader.next_record() {
+                    Ok(Some(rec)) if is_reply(&rec) => {
+                        // The client's answer to a call of ours.
+                        last_record = Instant::now();
+                        self.stats.records.fetch_add(1, Ordering::Relaxed);
+                        if !back.deliver(rec) {
+                            tracing::debug!(peer = %self.peer, "a reply to no call waiting: dropped");
+                        }
+                    }
                     Ok(Some(rec)) => {
                         // The turnaround counts from here: waiting for a
                         // worker is the server's time too.
@@ -483,6 +503,7 @@ impl Connection {
                         };
                         let service = self.service.clone();
                         let tx = tx.clone();
+                        let ctx = ctx.clone();
                         let flow = flow.clone();
                         flow.running.fetch_add(1, Ordering::AcqRel);
                         tokio::spawn(async move {
@@ -501,8 +522,8 @@ impl Connection {
                                 let _ = tx
                                     .send(Queued {
                                         parts,
-                                        _charge: charge,
-                                        _slot: slot,
+                                        _charge: Some(charge),
+                                        _slot: Some(slot),
                                     })
                                     .await;
                                 if let Some(c) = reply.class {
@@ -567,6 +588,8 @@ impl Connection {
                 _ = shutdown.changed() => break End::Shutdown,
             }
         };
+        back.close();
+        drop(ctx);
         drop(tx);
         drop(rd);
         // The writer ends once every call of this connection has replied
@@ -608,18 +631,37 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Sends replies in completion order, gathering ready ones into one write.
-/// Each reply's slot and charge are released once it is written.
+/// Whether a record is an RPC reply (`msg_type` REPLY), not a call.
+fn is_reply(rec: &[u8]) -> bool {
+    rec.get(4..8) == Some(&[0, 0, 0, 1])
+}
+
+/// Sends replies in completion order, gathering ready ones into one write,
+/// and the server's calls to the client. Each reply's slot and charge are
+/// released once it is written. It ends when the replies' channel closes.
 async fn write_replies(
     mut w: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Queued>,
+    mut calls: mpsc::UnboundedReceiver<Vec<Bytes>>,
     flow: Arc<Flow>,
     stats: Arc<TcpStats>,
     peer: SocketAddr,
     stall_limit: Option<Duration>,
 ) {
     let mut batch: Vec<Queued> = Vec::new();
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = tokio::select! {
+            biased;
+            q = rx.recv() => match q {
+                Some(q) => q,
+                None => break,
+            },
+            Some(parts) = calls.recv() => Queued {
+                parts,
+                _charge: None,
+                _slot: None,
+            },
+        };
         batch.push(first);
         let mut n_parts = batch[0].parts.len();
         while n_parts < 256 {

@@ -36,7 +36,7 @@ pub async fn serve(service: Arc<Service>, sock: UdpSocket, mut shutdown: watch::
         let MessageBody::Call(call) = &header.body else {
             continue;
         };
-        let ctx = CallContext { peer, local: None };
+        let ctx = CallContext::from(peer);
         let reply = if call.prog == nlm::PROGRAM || call.prog == nsm::PROGRAM {
             service.handle_call(&ctx, header.xid, call, d)
         } else {

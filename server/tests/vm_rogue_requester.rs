@@ -1924,10 +1924,7 @@ fn compound_in_process(srv: &Server, xid: u32, ops: Vec<ArgOp>) -> Compound4Res 
     }
     .encode(&mut args);
     let call = rpc_call(xid, NFS_PROGRAM, 4, PROC_COMPOUND, &args);
-    let ctx = CallContext {
-        peer: SocketAddr::new(rdma_ip(), 700),
-        local: None,
-    };
+    let ctx = CallContext::from(SocketAddr::new(rdma_ip(), 700));
     match srv._service.handle(&ctx, Bytes::from(call)) {
         Some(Reply {
             body: ReplyBody::Nfs4(r),

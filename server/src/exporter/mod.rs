@@ -264,6 +264,25 @@ impl Collector for Sources {
             "Calls answered with GARBAGE_ARGS",
             m.garbage_args(),
         )?;
+        let cb = self.service.nfs4().callbacks.stats();
+        counter(
+            &mut e,
+            "nfs4_callbacks_sent",
+            "Calls sent to NFSv4.1 clients on their backchannels (CB_NULL, CB_COMPOUND)",
+            load(&cb.sent),
+        )?;
+        counter(
+            &mut e,
+            "nfs4_callbacks_answered",
+            "Calls to NFSv4.1 clients answered with RPC success",
+            load(&cb.answered),
+        )?;
+        counter(
+            &mut e,
+            "nfs4_callbacks_failed",
+            "Calls to NFSv4.1 clients that failed: no backchannel connection, no reply in time, an RPC error",
+            load(&cb.failed),
+        )?;
 
         if let Some(t) = &self.tcp {
             counter(

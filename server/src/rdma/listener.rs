@@ -426,7 +426,7 @@ fn set_up(
             slot_size: ours as usize,
         },
         service.clone(),
-        CallContext { peer, local: None },
+        CallContext::from(peer),
         stats.clone(),
     );
     // Receives go up before the first credit is granted, and the pool

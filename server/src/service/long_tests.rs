@@ -19,10 +19,7 @@ fn service() -> Service {
 }
 
 fn ctx() -> CallContext {
-    CallContext {
-        peer: "127.0.0.1:700".parse().unwrap(),
-        local: None,
-    }
+    CallContext::from("127.0.0.1:700".parse().unwrap())
 }
 
 /// A COMPOUND (minor version 2) of `ops`: its call header and arguments.

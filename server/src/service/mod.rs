@@ -67,13 +67,37 @@ impl Default for ServiceConfig {
 }
 
 /// Where a call came from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct CallContext {
     /// The peer's address (the port matters only for the `secure` option).
     pub peer: SocketAddr,
     /// Our end of the connection, where the transport knows it (TCP): the
     /// lock manager calls a client back from the address the client knows.
     pub local: Option<SocketAddr>,
+    /// The connection, where it can carry the server's calls to the client
+    /// (an NFSv4.1 backchannel).
+    pub back: Option<Arc<nfs4::callback::BackConn>>,
+}
+
+impl std::fmt::Debug for CallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallContext")
+            .field("peer", &self.peer)
+            .field("local", &self.local)
+            .field("back", &self.back.is_some())
+            .finish()
+    }
+}
+
+impl CallContext {
+    /// A call from `peer` on a transport that carries no calls back.
+    pub fn from(peer: SocketAddr) -> CallContext {
+        CallContext {
+            peer,
+            local: None,
+            back: None,
+        }
+    }
 }
 
 impl CallContext {
@@ -336,6 +360,7 @@ impl Service {
             self.metrics.report()
         );
         out.push_str(&self.nlm.report());
+        out.push_str(&self.nfs4().callbacks.report());
         for e in self.exports.iter().filter(|e| e.store.read().config().null) {
             let (zeros, discarded) = e.store.read().null_stats();
             out.push_str(&format!(

@@ -62,13 +62,7 @@ impl T {
         }
         m.encode(&mut b);
         b.extend_from_slice(args);
-        let reply = self.svc.handle(
-            &CallContext {
-                peer: self.peer,
-                local: None,
-            },
-            b.freeze(),
-        )?;
+        let reply = self.svc.handle(&CallContext::from(self.peer), b.freeze())?;
         let mut out = BytesMut::new();
         reply.encode(&mut out);
         Some(out.freeze())
@@ -583,13 +577,7 @@ fn rpc_level_errors() {
     m.encode(&mut b);
     let r = t
         .svc
-        .handle(
-            &CallContext {
-                peer: t.peer,
-                local: None,
-            },
-            b.freeze(),
-        )
+        .handle(&CallContext::from(t.peer), b.freeze())
         .unwrap();
     assert!(matches!(
         r.header.as_reply(),
@@ -600,23 +588,11 @@ fn rpc_level_errors() {
     ));
     // A reply sent to the server, or a truncated header: no answer.
     let reply = RpcMessage::accepted(9, AcceptStat::Success).to_bytes();
+    assert!(t.svc.handle(&CallContext::from(t.peer), reply).is_none());
     assert!(t
         .svc
         .handle(
-            &CallContext {
-                peer: t.peer,
-                local: None,
-            },
-            reply
-        )
-        .is_none());
-    assert!(t
-        .svc
-        .handle(
-            &CallContext {
-                peer: t.peer,
-                local: None,
-            },
+            &CallContext::from(t.peer),
             Bytes::from_static(&[0, 0, 0, 1, 0])
         )
         .is_none());

@@ -94,7 +94,21 @@ pub struct RawClient {
     reader: RecordReader,
     pub cred: OpaqueAuth,
     next_xid: u32,
+    /// Calls the server made on this connection (its backchannel), in the
+    /// order they came.
+    pub calls_in: Vec<Bytes>,
+    /// How many of `calls_in` [`RawClient::next_call`] returned.
+    calls_taken: usize,
+    /// Whether calls from the server get a reply: CB_NULL is answered
+    /// with success, CB_COMPOUND with `cb_reply`'s result.
+    pub answer_calls: bool,
+    /// The reply to a CB_COMPOUND (the arguments in): an encoded
+    /// CB_COMPOUND4res.
+    pub cb_reply: Option<CbReply>,
 }
+
+/// Makes the reply to a CB_COMPOUND from its arguments.
+pub type CbReply = Box<dyn FnMut(&[u8]) -> Vec<u8> + Send>;
 
 impl RawClient {
     pub fn connect(addr: SocketAddr) -> RawClient {
@@ -106,6 +120,10 @@ impl RawClient {
             reader: RecordReader::new(64 << 20),
             cred: root_cred(),
             next_xid: 1000,
+            calls_in: Vec::new(),
+            calls_taken: 0,
+            answer_calls: true,
+            cb_reply: None,
         }
     }
 
@@ -149,13 +167,86 @@ impl RawClient {
         }
     }
 
+    /// The next reply, taking the server's calls that come before it (kept
+    /// in `calls_in`, answered if `answer_calls`).
+    pub fn recv_reply(&mut self) -> Option<Bytes> {
+        loop {
+            let r = self.recv()?;
+            if r.get(4..8) != Some(&[0, 0, 0, 0]) {
+                return Some(r);
+            }
+            self.calls_in.push(r.clone());
+            if self.answer_calls {
+                self.answer(&r);
+            }
+        }
+    }
+
+    /// Answers a call of the server's.
+    pub fn answer(&mut self, call: &Bytes) {
+        let mut d = Decoder::new(call.clone());
+        let h = RpcMessage::decode(&mut d).unwrap();
+        let proc_ = h.as_call().expect("a call").proc_;
+        let mut b = BytesMut::new();
+        RpcMessage::accepted(h.xid, AcceptStat::Success).encode(&mut b);
+        if proc_ == 1 {
+            let args = d.into_rest();
+            let f = self.cb_reply.as_mut().expect("a CB_COMPOUND answer");
+            b.extend_from_slice(&f(&args));
+        }
+        self.send_record(&b).unwrap();
+    }
+
+    /// The server's next call not returned before (answered if
+    /// `answer_calls`, perhaps already while waiting for a reply); `None`
+    /// if none comes within `within`.
+    pub fn next_call(&mut self, within: Duration) -> Option<Bytes> {
+        self.s.set_read_timeout(Some(within)).unwrap();
+        let got = loop {
+            if let Some(c) = self.calls_in.get(self.calls_taken) {
+                self.calls_taken += 1;
+                break Some(c.clone());
+            }
+            match self.reader.next_record() {
+                Ok(Some(r)) if r.get(4..8) == Some(&[0, 0, 0, 0]) => {
+                    self.calls_in.push(r.clone());
+                    if self.answer_calls {
+                        self.answer(&r);
+                    }
+                }
+                Ok(Some(r)) => panic!("a reply to no call: {} bytes", r.len()),
+                Ok(None) => {
+                    let mut buf = [0u8; 65536];
+                    match self.s.read(&mut buf) {
+                        Ok(0) => break None,
+                        Ok(n) => self.reader.extend(&buf[..n]),
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) =>
+                        {
+                            break None
+                        }
+                        Err(e) => panic!("read: {e}"),
+                    }
+                }
+                Err(e) => panic!("bad record from server: {e}"),
+            }
+        };
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        got
+    }
+
     /// Sends a call and returns the reply header and the decoder at its
     /// results.
     pub fn call(&mut self, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> (RpcMessage, Decoder) {
         let xid = self.xid();
         let c = self.call_bytes(xid, prog, vers, proc_, args);
         self.send_record(&c).unwrap();
-        let r = self.recv().expect("reply");
+        let r = self.recv_reply().expect("reply");
         let mut d = Decoder::new(r);
         let h = RpcMessage::decode(&mut d).unwrap();
         assert_eq!(h.xid, xid);

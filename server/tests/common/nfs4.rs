@@ -117,12 +117,20 @@ impl V4 {
         let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
             panic!("{r:?}");
         };
-        assert_eq!(
+        assert_ne!(
             s.flags & session_flags::CONN_BACK_CHAN,
             0,
-            "no backchannel is granted"
+            "the backchannel is granted on the session's TCP connection"
         );
         assert_eq!(s.fore_chan_attrs.maxrequests, 8);
+        // The server probes the backchannel with CB_NULL: answered here,
+        // the path is up, and SEQUENCE reports no flag.
+        let call = c
+            .next_call(std::time::Duration::from_secs(10))
+            .expect("CB_NULL on the new session's connection");
+        let (h, _) = nfsrdma_xdr::rpc::split_message(call).unwrap();
+        let body = h.as_call().expect("a call");
+        assert_eq!((body.prog, body.vers, body.proc_), (0x4000_0000, 1, 0));
         V4 {
             c,
             clientid,

@@ -11,6 +11,7 @@
 use crate::{Decoder, Result, Xdr, XdrError, XdrSink};
 
 pub mod attr;
+pub mod cb;
 mod compound;
 pub mod ops;
 

@@ -6,6 +6,7 @@
 //! [`pseudo`] and the operations in `ops`.
 
 pub mod attrs;
+pub mod callback;
 mod ops;
 pub mod pseudo;
 pub mod state;
@@ -66,10 +67,18 @@ impl Nfs4Config {
     }
 }
 
+/// How long a call to a client waits for its reply: a tenth of the lease,
+/// at least a second (as the Linux nfsd).
+fn callback_timeout(lease: Duration) -> Duration {
+    (lease / 10).max(Duration::from_secs(1))
+}
+
 /// The NFSv4 side of the service.
 pub struct Nfs4 {
     /// Clients, sessions, opens and locks (the locks shared with the NLM).
     pub state: std::sync::Arc<State4>,
+    /// The server's calls to its clients on their backchannels.
+    pub callbacks: callback::Callbacks,
     pseudo: Pseudo,
     config: Nfs4Config,
     /// The server's owner and scope (EXCHANGE_ID).
@@ -82,8 +91,10 @@ impl Nfs4 {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default();
+        let state = std::sync::Arc::new(State4::new(config.lease));
         Nfs4 {
-            state: std::sync::Arc::new(State4::new(config.lease)),
+            callbacks: callback::Callbacks::new(state.clone(), callback_timeout(config.lease)),
+            state,
             pseudo: Pseudo::new(paths),
             owner: bytes::Bytes::from(match config.instance.as_str() {
                 "" => format!("nfsrdmad@{host}"),
@@ -168,7 +179,7 @@ impl Service {
                         let d = Decoded { a, cut, len };
                         if d.a.ops.iter().any(runs_long) {
                             return Begun::Long(LongCall {
-                                ctx: *caller.ctx,
+                                ctx: caller.ctx.clone(),
                                 cred: caller.cred.clone(),
                                 xid,
                                 kind: LongKind::Compound(d),
@@ -263,6 +274,7 @@ impl Service {
                                 client,
                                 max_response,
                                 max_cached,
+                                status_flags,
                             }) => {
                                 cx.client = Some(client);
                                 slot = Some((
@@ -278,14 +290,14 @@ impl Service {
                                     slotid: s.slotid,
                                     highest_slotid: slots - 1,
                                     target_highest_slotid: slots - 1,
-                                    // No backchannel is granted and none is
-                                    // needed (no delegation is ever granted),
-                                    // so none is reported down: the Linux
-                                    // client answers SEQ4_STATUS_CB_PATH_DOWN
-                                    // with a BIND_CONN_TO_SESSION, which it
-                                    // sent after most READs and WRITEs
+                                    // Only a session that has a backchannel
+                                    // can find it down: the Linux client
+                                    // answers SEQ4_STATUS_CB_PATH_DOWN with a
+                                    // BIND_CONN_TO_SESSION, which a session
+                                    // without one (over RDMA) would send
+                                    // after most READs and WRITEs
                                     // (docs/benchmarks.md).
-                                    status_flags: 0,
+                                    status_flags,
                                 }))
                             }
                             Err(e) => ResOp::Sequence(Err(e)),

@@ -284,29 +284,14 @@ impl Service {
                 None => Err(Status::OP_NOT_IN_SESSION),
             }),
             ArgOp::ExchangeId(a) => ResOp::ExchangeId(self.exchange_id4(cx, a)),
-            ArgOp::CreateSession(a) => ResOp::CreateSession(self.nfs4.state.create_session(
-                a,
-                self.channel_limits(),
-                cx.caller.cred.as_ref().map(|c| c.uid),
-            )),
+            ArgOp::CreateSession(a) => ResOp::CreateSession(self.create_session4(cx, a)),
             ArgOp::DestroySession(sid) => {
                 ResOp::DestroySession(self.nfs4.state.destroy_session(sid))
             }
             ArgOp::DestroyClientid(id) => {
                 ResOp::DestroyClientid(self.nfs4.state.destroy_clientid(*id))
             }
-            ArgOp::BindConnToSession(a) => {
-                ResOp::BindConnToSession(match (self.nfs4.state.session_client(&a.sessid), a.dir) {
-                    (None, _) => Err(Status::BADSESSION),
-                    // Fore channel only: there is no backchannel yet.
-                    (Some(_), 1 | 3) => Ok(BindConnResOk {
-                        sessid: a.sessid,
-                        dir: 1,
-                        use_conn_in_rdma_mode: false,
-                    }),
-                    (Some(_), _) => Err(Status::INVAL),
-                })
-            }
+            ArgOp::BindConnToSession(a) => ResOp::BindConnToSession(self.bind_conn4(cx, a)),
             ArgOp::ReclaimComplete(one_fs) => ResOp::ReclaimComplete(match (cx.client, one_fs) {
                 (None, _) => Err(Status::OP_NOT_IN_SESSION),
                 // Per file system: nothing to reclaim here either.

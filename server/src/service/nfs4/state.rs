@@ -12,6 +12,7 @@
 //! Everything here is behind one mutex held for a few map operations at a
 //! time, never across a store operation.
 
+use super::callback::{Back, BackConn, Path};
 use crate::service::plain_hash::IssuedMap;
 use crate::store::Ino;
 use bytes::Bytes;
@@ -21,7 +22,7 @@ use nfsrdma_xdr::nfs4::{
 };
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A file as the state tables name it: its export and inode.
@@ -65,6 +66,8 @@ struct Session {
     client: u64,
     slots: Vec<Slot>,
     fore: ChannelAttrs4,
+    /// The backchannel, when one was granted or bound.
+    back: Option<Back>,
 }
 
 struct Client {
@@ -182,6 +185,8 @@ pub enum SlotCheck {
         max_response: u32,
         /// The session's largest cached reply.
         max_cached: u32,
+        /// SEQ4_STATUS_* bits of the session's backchannel.
+        status_flags: u32,
     },
     /// A retry of a request whose reply is cached: send it again.
     Replay(Compound4Res),
@@ -463,11 +468,13 @@ impl State4 {
     /// to a retry of the last one.
     /// `uid`: the caller's, which must be the one that made an
     /// unconfirmed record (NFS4ERR_CLID_INUSE otherwise).
+    /// `back`: the backchannel granted (the flag is set in the reply).
     pub fn create_session(
         &self,
         args: &nfsrdma_xdr::nfs4::ops::CreateSessionArgs,
         limits: ChannelLimits,
         uid: Option<u32>,
+        back: Option<Back>,
     ) -> Result<nfsrdma_xdr::nfs4::ops::CreateSessionResOk, Status> {
         use nfsrdma_xdr::nfs4::ops::CreateSessionResOk;
         use nfsrdma_xdr::nfs4::session_flags;
@@ -491,8 +498,8 @@ impl State4 {
             return Err(Status::SEQ_MISORDERED);
         }
         // Neither channel can carry a request and its reply that small
-        // (the backchannel is not granted, but its attributes are still
-        // the client's statement of what it can take).
+        // (the backchannel's are the client's statement of what it can
+        // take).
         for f in [&args.fore_chan_attrs, &args.back_chan_attrs] {
             if f.maxrequestsize < 64
                 || f.maxresponsesize < 64
@@ -534,9 +541,13 @@ impl State4 {
         let res = CreateSessionResOk {
             sessionid: sid,
             sequence: args.sequence,
-            // No persistent reply cache, no backchannel, no RDMA mode
-            // switch of the connection.
-            flags: 0,
+            // No persistent reply cache, no RDMA mode switch of the
+            // connection.
+            flags: if back.is_some() {
+                session_flags::CONN_BACK_CHAN
+            } else {
+                0
+            },
             fore_chan_attrs: fore.clone(),
             back_chan_attrs: args.back_chan_attrs.clone(),
         };
@@ -552,6 +563,7 @@ impl State4 {
                     fore.maxrequests as usize
                 ],
                 fore,
+                back,
             },
         );
         let c = t.clients.get_mut(&args.clientid).expect("checked above");
@@ -584,6 +596,63 @@ impl State4 {
     /// The session's client, if the session exists.
     pub fn session_client(&self, sid: &SessionId4) -> Option<u64> {
         self.lock().sessions.get(sid).map(|s| s.client)
+    }
+
+    // ---- the backchannel -----------------------------------------------------
+
+    /// BIND_CONN_TO_SESSION for the backchannel: `conn` carries the
+    /// session's callbacks from now on. `Ok(false)` when the session was
+    /// not granted a backchannel at CREATE_SESSION (no program to call).
+    pub fn bind_back(&self, sid: &SessionId4, conn: &Arc<BackConn>) -> Result<bool, Status> {
+        let mut t = self.lock();
+        let s = t.sessions.get_mut(sid).ok_or(Status::BADSESSION)?;
+        match s.back.as_mut() {
+            Some(b) => {
+                b.bind(conn);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// What the last call on the session's backchannel found.
+    pub fn set_back_path(&self, sid: &SessionId4, path: Path) {
+        if let Some(b) = self
+            .lock()
+            .sessions
+            .get_mut(sid)
+            .and_then(|s| s.back.as_mut())
+        {
+            b.path = path;
+        }
+    }
+
+    /// The path's state, if the session has a backchannel.
+    pub fn back_path(&self, sid: &SessionId4) -> Option<Path> {
+        self.lock()
+            .sessions
+            .get(sid)
+            .and_then(|s| s.back.as_ref())
+            .map(|b| b.path)
+    }
+
+    /// The next sequence id of the backchannel's slot.
+    pub fn next_back_seq(&self, sid: &SessionId4) -> Option<u32> {
+        let mut t = self.lock();
+        let b = t.sessions.get_mut(sid)?.back.as_mut()?;
+        b.seq = b.seq.wrapping_add(1);
+        Some(b.seq)
+    }
+
+    /// Where a call on the session's backchannel goes: the connection, the
+    /// callback program and the credential.
+    pub fn back_target(
+        &self,
+        sid: &SessionId4,
+    ) -> Option<(Arc<BackConn>, u32, nfsrdma_xdr::rpc::OpaqueAuth)> {
+        let t = self.lock();
+        let b = t.sessions.get(sid)?.back.as_ref()?;
+        Some((b.conn()?, b.program, b.cred.clone()))
     }
 
     /// RECLAIM_COMPLETE (whole-client form).
@@ -630,6 +699,7 @@ impl State4 {
         }
         let client = s.client;
         let (max_response, max_cached) = (s.fore.maxresponsesize, s.fore.maxresponsesize_cached);
+        let status_flags = s.back.as_ref().map_or(0, Back::status_flags);
         let Some(sl) = s.slots.get_mut(slot as usize) else {
             return Err(Status::BADSLOT);
         };
@@ -641,6 +711,7 @@ impl State4 {
                 client,
                 max_response,
                 max_cached,
+                status_flags,
             }
         } else if seqid == sl.seqid {
             match &sl.reply {

@@ -1,0 +1,681 @@
+//! The backchannel (RFC 8881 §2.10.3.1, §18.34, §20): the connections a
+//! session's client takes the server's calls on, the calls themselves
+//! (CB_NULL to probe the path, CB_COMPOUND led by CB_SEQUENCE), and
+//! whether the path works, which SEQUENCE reports in its status flags
+//! (SEQ4_STATUS_CB_PATH_DOWN_SESSION, SEQ4_STATUS_CB_PATH_DOWN).
+//!
+//! A transport that can carry calls to its client gives each connection a
+//! [`BackConn`]: a way to send an RPC call message on it, and the place its
+//! reader hands the replies it reads (RPC messages of type REPLY). The
+//! session keeps the connections bound to its backchannel ([`Back`]), and
+//! one thread per server sends the calls and waits for their replies,
+//! with a timeout, so that no caller of the fore channel ever waits.
+
+use bytes::{Bytes, BytesMut};
+use nfsrdma_xdr::nfs4::cb::{self, CbArgOp, CbCompoundArgs, CbCompoundRes, CbSequenceArgs};
+use nfsrdma_xdr::nfs4::ops::{CallbackSecParms, CreateSessionArgs};
+use nfsrdma_xdr::nfs4::{seq_status, session_flags, SessionId4, Status, Utf8Str};
+use nfsrdma_xdr::rpc::{AcceptStat, AuthBody, OpaqueAuth, ReplyBody, RpcMessage};
+use nfsrdma_xdr::{BoundedVec, Decoder, Xdr};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::state::State4;
+
+/// Most connections one session keeps bound to its backchannel: binding
+/// one more forgets the oldest.
+const MAX_BACK_CONNS: usize = 4;
+
+/// One transport connection as the backchannel sees it.
+pub struct BackConn {
+    /// Hands one RPC message to the connection's writer; `false` once the
+    /// connection is gone.
+    send: Box<dyn Fn(Vec<Bytes>) -> bool + Send + Sync>,
+    /// Calls sent on this connection that wait for their reply, by xid.
+    waiting: Mutex<HashMap<u32, mpsc::SyncSender<Bytes>>>,
+    open: AtomicBool,
+}
+
+impl BackConn {
+    /// A connection whose writer takes a message (its parts) through `send`.
+    pub fn new(send: impl Fn(Vec<Bytes>) -> bool + Send + Sync + 'static) -> Arc<BackConn> {
+        Arc::new(BackConn {
+            send: Box::new(send),
+            waiting: Mutex::new(HashMap::new()),
+            open: AtomicBool::new(true),
+        })
+    }
+
+    /// Whether the connection is still there.
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// The connection ended: calls waiting on it fail at once.
+    pub fn close(&self) {
+        self.open.store(false, Ordering::Release);
+        self.waiting.lock().expect("backchannel waiters").clear();
+    }
+
+    /// A reply the connection's reader read: to the call that waits for it.
+    /// `false` when none does (a late reply, or one to no call of ours).
+    pub fn deliver(&self, msg: Bytes) -> bool {
+        let Some(xid) = msg
+            .get(..4)
+            .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
+        else {
+            return false;
+        };
+        let waiter = self
+            .waiting
+            .lock()
+            .expect("backchannel waiters")
+            .remove(&xid);
+        match waiter {
+            Some(w) => w.try_send(msg).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Sends a call; its reply arrives on the receiver.
+    fn call(&self, xid: u32, parts: Vec<Bytes>) -> Option<mpsc::Receiver<Bytes>> {
+        if !self.is_open() {
+            return None;
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.waiting
+            .lock()
+            .expect("backchannel waiters")
+            .insert(xid, tx);
+        if (self.send)(parts) {
+            Some(rx)
+        } else {
+            self.forget(xid);
+            None
+        }
+    }
+
+    fn forget(&self, xid: u32) {
+        self.waiting
+            .lock()
+            .expect("backchannel waiters")
+            .remove(&xid);
+    }
+}
+
+/// Whether a session's backchannel was found to work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Not probed since a connection was bound to it.
+    Unknown,
+    /// The last call was answered.
+    Up,
+    /// The last call failed (no answer in time, the connection gone, an
+    /// RPC error).
+    Down,
+}
+
+/// A session's backchannel as the state tables keep it.
+pub struct Back {
+    /// The client's callback program (CREATE_SESSION, BACKCHANNEL_CTL).
+    pub program: u32,
+    /// The credential calls carry.
+    pub cred: OpaqueAuth,
+    /// Connections bound to it, newest last.
+    conns: Vec<Weak<BackConn>>,
+    /// What the last call found.
+    pub path: Path,
+    /// Slot 0's sequence id: the server uses one slot.
+    pub seq: u32,
+}
+
+impl Back {
+    /// The backchannel CREATE_SESSION asks for, if the server can grant
+    /// it: the client wants it, the connection can carry calls, and one of
+    /// the security flavours offered is one the server can send (AUTH_NONE
+    /// or AUTH_SYS; not RPCSEC_GSS).
+    pub fn granted(args: &CreateSessionArgs, conn: Option<&Arc<BackConn>>) -> Option<Back> {
+        if args.flags & session_flags::CONN_BACK_CHAN == 0 {
+            return None;
+        }
+        let conn = conn?;
+        let cred = cred_for(&args.sec_parms.0)?;
+        Some(Back {
+            program: args.cb_program,
+            cred,
+            conns: vec![Arc::downgrade(conn)],
+            path: Path::Unknown,
+            seq: 0,
+        })
+    }
+
+    /// Binds one more connection (BIND_CONN_TO_SESSION): the path is
+    /// probed again.
+    pub fn bind(&mut self, conn: &Arc<BackConn>) {
+        self.conns.retain(|c| {
+            c.upgrade()
+                .is_some_and(|c| c.is_open() && !Arc::ptr_eq(&c, conn))
+        });
+        if self.conns.len() >= MAX_BACK_CONNS {
+            self.conns.remove(0);
+        }
+        self.conns.push(Arc::downgrade(conn));
+        self.path = Path::Unknown;
+    }
+
+    /// The newest connection still open.
+    pub fn conn(&self) -> Option<Arc<BackConn>> {
+        self.conns
+            .iter()
+            .rev()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.is_open())
+    }
+
+    /// SEQUENCE's status bits for the session: the path is down when the
+    /// last call failed or no bound connection is left.
+    pub fn status_flags(&self) -> u32 {
+        if self.path == Path::Down || self.conn().is_none() {
+            seq_status::CB_PATH_DOWN_SESSION | seq_status::CB_PATH_DOWN
+        } else {
+            0
+        }
+    }
+}
+
+/// The credential for the first security flavour offered that the server
+/// can send.
+fn cred_for(parms: &[CallbackSecParms]) -> Option<OpaqueAuth> {
+    parms.iter().find_map(|p| match p {
+        CallbackSecParms::None => Some(OpaqueAuth::none()),
+        CallbackSecParms::Sys(s) => {
+            let mut b = BytesMut::new();
+            s.encode(&mut b);
+            Some(OpaqueAuth {
+                flavor: nfsrdma_xdr::rpc::flavor::AUTH_SYS,
+                body: AuthBody(b.freeze()),
+            })
+        }
+        CallbackSecParms::Gss(_) => None,
+    })
+}
+
+/// Backchannel counters.
+#[derive(Debug, Default)]
+pub struct CbStats {
+    /// Calls sent (CB_NULL and CB_COMPOUND).
+    pub sent: AtomicU64,
+    /// Calls answered with RPC success.
+    pub answered: AtomicU64,
+    /// Calls that failed: no connection, no answer in time, an RPC error.
+    pub failed: AtomicU64,
+}
+
+/// What the callback thread is asked to do.
+enum Job {
+    /// CB_NULL on the session's backchannel; the path's state follows.
+    Probe(SessionId4),
+    /// A CB_COMPOUND (CB_SEQUENCE is put first); the result goes back.
+    Compound {
+        sid: SessionId4,
+        ops: Vec<CbArgOp>,
+        done: Box<dyn FnOnce(Result<CbCompoundRes, CbError>) + Send>,
+    },
+}
+
+/// Why a callback failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CbError {
+    /// The session has no backchannel, or no connection bound to it.
+    #[error("no backchannel connection")]
+    NoPath,
+    /// No reply within the timeout.
+    #[error("no reply in {0:?}")]
+    Timeout(Duration),
+    /// The reply was not an RPC success, or did not decode.
+    #[error("bad reply: {0}")]
+    BadReply(String),
+    /// CB_SEQUENCE failed.
+    #[error("CB_SEQUENCE: {0}")]
+    Sequence(Status),
+}
+
+/// The server's calls to its clients: one thread that sends them and
+/// waits for each reply, started with the first call.
+pub struct Callbacks {
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    state: Arc<State4>,
+    stats: Arc<CbStats>,
+    timeout: Duration,
+}
+
+impl Callbacks {
+    /// Callbacks for the sessions of `state`, each waiting `timeout` for
+    /// its reply.
+    pub fn new(state: Arc<State4>, timeout: Duration) -> Callbacks {
+        Callbacks {
+            jobs: Mutex::new(None),
+            state,
+            stats: Arc::default(),
+            timeout,
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &CbStats {
+        &self.stats
+    }
+
+    /// One line of the stop report (empty while no call was sent).
+    pub fn report(&self) -> String {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        if v(&s.sent) == 0 && v(&s.failed) == 0 {
+            return String::new();
+        }
+        format!(
+            "nfs4 backchannel: calls sent {}, answered {}, failed {}\n",
+            v(&s.sent),
+            v(&s.answered),
+            v(&s.failed)
+        )
+    }
+
+    fn submit(&self, job: Job) {
+        let mut jobs = self.jobs.lock().expect("callback queue");
+        if jobs.is_none() {
+            let (tx, rx) = mpsc::channel();
+            let worker = Worker {
+                state: self.state.clone(),
+                stats: self.stats.clone(),
+                timeout: self.timeout,
+                xid: AtomicU32::new(rand_xid()),
+            };
+            let spawned = std::thread::Builder::new()
+                .name("nfs4-callbacks".into())
+                .spawn(move || worker.run(rx));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the callback thread");
+                return;
+            }
+            *jobs = Some(tx);
+        }
+        if let Some(tx) = jobs.as_ref() {
+            let _ = tx.send(job);
+        }
+    }
+
+    /// Probes the session's backchannel with CB_NULL.
+    pub fn probe(&self, sid: SessionId4) {
+        self.submit(Job::Probe(sid));
+    }
+
+    /// Sends `ops` after a CB_SEQUENCE on the session's backchannel;
+    /// `done` gets the reply.
+    pub fn compound(
+        &self,
+        sid: SessionId4,
+        ops: Vec<CbArgOp>,
+        done: impl FnOnce(Result<CbCompoundRes, CbError>) + Send + 'static,
+    ) {
+        self.submit(Job::Compound {
+            sid,
+            ops,
+            done: Box::new(done),
+        });
+    }
+}
+
+fn rand_xid() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
+        .unwrap_or(1)
+}
+
+struct Worker {
+    state: Arc<State4>,
+    stats: Arc<CbStats>,
+    timeout: Duration,
+    xid: AtomicU32,
+}
+
+impl Worker {
+    fn run(self, rx: mpsc::Receiver<Job>) {
+        while let Ok(job) = rx.recv() {
+            match job {
+                Job::Probe(sid) => {
+                    let r = self.call(&sid, cb::PROC_NULL, None);
+                    let path = if r.is_ok() { Path::Up } else { Path::Down };
+                    if let Err(e) = &r {
+                        tracing::info!(error = %e, "NFSv4 backchannel probe failed");
+                    }
+                    self.state.set_back_path(&sid, path);
+                }
+                Job::Compound { sid, ops, done } => done(self.compound(&sid, ops)),
+            }
+        }
+    }
+
+    fn compound(&self, sid: &SessionId4, ops: Vec<CbArgOp>) -> Result<CbCompoundRes, CbError> {
+        let seq = self.state.next_back_seq(sid).ok_or(CbError::NoPath)?;
+        let mut all = Vec::with_capacity(ops.len() + 1);
+        all.push(CbArgOp::Sequence(CbSequenceArgs {
+            sessionid: *sid,
+            sequenceid: seq,
+            slotid: 0,
+            highest_slotid: 0,
+            cachethis: false,
+            referring_call_lists: BoundedVec(vec![]),
+        }));
+        all.extend(ops);
+        let args = CbCompoundArgs {
+            tag: Utf8Str(Bytes::new()),
+            minorversion: 1,
+            callback_ident: 0,
+            ops: all,
+        };
+        let mut b = BytesMut::new();
+        args.encode(&mut b);
+        let r = self.call(sid, cb::PROC_COMPOUND, Some(b.freeze()));
+        let path = match &r {
+            Ok(_) => Path::Up,
+            Err(_) => Path::Down,
+        };
+        self.state.set_back_path(sid, path);
+        let mut d = r?;
+        let res = CbCompoundRes::decode(&mut d).map_err(|e| CbError::BadReply(e.to_string()))?;
+        match res.results.first() {
+            Some(cb::CbResOp::Sequence(Ok(_))) => Ok(res),
+            Some(cb::CbResOp::Sequence(Err(s))) => Err(CbError::Sequence(*s)),
+            _ => Err(CbError::BadReply(format!(
+                "no CB_SEQUENCE result first (status {})",
+                res.status
+            ))),
+        }
+    }
+
+    /// One call on the session's newest backchannel connection: the
+    /// decoder at the reply's results.
+    fn call(&self, sid: &SessionId4, proc_: u32, args: Option<Bytes>) -> Result<Decoder, CbError> {
+        let sent = |r: Result<Decoder, CbError>| {
+            match &r {
+                Ok(_) => self.stats.answered.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.stats.failed.fetch_add(1, Ordering::Relaxed),
+            };
+            r
+        };
+        let Some((conn, program, cred)) = self.state.back_target(sid) else {
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(CbError::NoPath);
+        };
+        let xid = self.xid.fetch_add(1, Ordering::Relaxed);
+        let mut h = BytesMut::new();
+        RpcMessage::call(xid, program, cb::VERSION, proc_, cred).encode(&mut h);
+        let mut parts = vec![h.freeze()];
+        parts.extend(args);
+        self.stats.sent.fetch_add(1, Ordering::Relaxed);
+        let Some(rx) = conn.call(xid, parts) else {
+            return sent(Err(CbError::NoPath));
+        };
+        let reply = match rx.recv_timeout(self.timeout) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                conn.forget(xid);
+                return sent(Err(CbError::Timeout(self.timeout)));
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return sent(Err(CbError::NoPath)),
+        };
+        let mut d = Decoder::new(reply);
+        let h = match RpcMessage::decode(&mut d) {
+            Ok(h) => h,
+            Err(e) => return sent(Err(CbError::BadReply(e.to_string()))),
+        };
+        sent(match h.as_reply() {
+            Some(ReplyBody::Accepted(a)) if a.stat == AcceptStat::Success => Ok(d),
+            other => Err(CbError::BadReply(format!("{other:?}"))),
+        })
+    }
+}
+
+// ---- the operations that set up the backchannel ---------------------------
+
+use super::Cx;
+use crate::service::Service;
+use nfsrdma_xdr::nfs4::ops::{BindConnArgs, BindConnResOk, CreateSessionResOk};
+
+/// `channel_dir_from_client4` and `channel_dir_from_server4` values.
+mod dir {
+    pub const FORE: u32 = 1;
+    pub const BACK: u32 = 2;
+    pub const FORE_OR_BOTH: u32 = 3;
+    pub const BACK_OR_BOTH: u32 = 7;
+    pub const BOTH: u32 = 3;
+}
+
+impl Service {
+    /// CREATE_SESSION: the session, with a backchannel on this connection
+    /// when the client asks for one and the transport can carry it; the
+    /// path is then probed with CB_NULL.
+    pub(super) fn create_session4(
+        &self,
+        cx: &Cx,
+        a: &CreateSessionArgs,
+    ) -> Result<CreateSessionResOk, Status> {
+        let back = Back::granted(a, cx.caller.ctx.back.as_ref());
+        let res = self.nfs4.state.create_session(
+            a,
+            self.channel_limits(),
+            cx.caller.cred.as_ref().map(|c| c.uid),
+            back,
+        )?;
+        if res.flags & session_flags::CONN_BACK_CHAN != 0
+            && self.nfs4.state.back_path(&res.sessionid) == Some(Path::Unknown)
+        {
+            self.nfs4.callbacks.probe(res.sessionid);
+        }
+        Ok(res)
+    }
+
+    /// BIND_CONN_TO_SESSION (RFC 8881 §18.34): the fore channel always;
+    /// the backchannel too when asked for, if the connection can carry it
+    /// and the session has one (a callback program from CREATE_SESSION).
+    pub(super) fn bind_conn4(&self, cx: &Cx, a: &BindConnArgs) -> Result<BindConnResOk, Status> {
+        let ctx = cx.caller.ctx;
+        let wants_back = matches!(a.dir, dir::BACK | dir::FORE_OR_BOTH | dir::BACK_OR_BOTH);
+        let bound_back = match (&ctx.back, wants_back) {
+            (Some(conn), true) => self.nfs4.state.bind_back(&a.sessid, conn)?,
+            _ => {
+                self.nfs4
+                    .state
+                    .session_client(&a.sessid)
+                    .ok_or(Status::BADSESSION)?;
+                false
+            }
+        };
+        let dir = match (a.dir, bound_back) {
+            (dir::FORE, _) | (dir::FORE_OR_BOTH, false) => dir::FORE,
+            (dir::FORE_OR_BOTH | dir::BACK_OR_BOTH, true) => dir::BOTH,
+            (dir::BACK, true) => dir::BACK,
+            _ => return Err(Status::INVAL),
+        };
+        if bound_back {
+            self.nfs4.callbacks.probe(a.sessid);
+        }
+        Ok(BindConnResOk {
+            sessid: a.sessid,
+            dir,
+            use_conn_in_rdma_mode: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::nfs4::state::ChannelLimits;
+    use nfsrdma_xdr::nfs4::cb::{CbRecallArgs, CbResOp, CbSequenceResOk};
+    use nfsrdma_xdr::nfs4::ops::ChannelAttrs4;
+    use nfsrdma_xdr::nfs4::{Fh4, Opaque4, Stateid4};
+    use nfsrdma_xdr::rpc::split_message;
+
+    /// What the client in these tests does with a CB_COMPOUND: its
+    /// arguments in, the CB_COMPOUND4res out, or no answer.
+    type Answer = dyn Fn(&CbCompoundArgs) -> Option<CbCompoundRes> + Send + Sync;
+
+    /// A session with a backchannel on a connection whose client answers
+    /// with `answer` (on another thread, as a reader would).
+    fn session(answer: Arc<Answer>) -> (Arc<State4>, SessionId4, Arc<BackConn>) {
+        let state = Arc::new(State4::new(Duration::from_secs(90)));
+        let (id, seq, _) = state
+            .exchange_id(&Opaque4(Bytes::from_static(b"c")), [1; 8], None, false)
+            .unwrap();
+        let conn_slot: Arc<Mutex<Weak<BackConn>>> = Arc::default();
+        let slot = conn_slot.clone();
+        let conn = BackConn::new(move |parts: Vec<Bytes>| {
+            let msg: Vec<u8> = parts.concat();
+            let (h, d) = split_message(Bytes::from(msg)).unwrap();
+            let args = CbCompoundArgs::decode(&mut d.clone()).unwrap();
+            let Some(res) = answer(&args) else {
+                return true;
+            };
+            let mut b = BytesMut::new();
+            RpcMessage::accepted(h.xid, AcceptStat::Success).encode(&mut b);
+            res.encode(&mut b);
+            let conn = slot.lock().unwrap().upgrade().unwrap();
+            std::thread::spawn(move || assert!(conn.deliver(b.freeze())));
+            true
+        });
+        *conn_slot.lock().unwrap() = Arc::downgrade(&conn);
+        let attrs = ChannelAttrs4 {
+            headerpadsize: 0,
+            maxrequestsize: 4096,
+            maxresponsesize: 4096,
+            maxresponsesize_cached: 0,
+            maxoperations: 8,
+            maxrequests: 4,
+            rdma_ird: BoundedVec(vec![]),
+        };
+        let args = CreateSessionArgs {
+            clientid: id,
+            sequence: seq,
+            flags: session_flags::CONN_BACK_CHAN,
+            fore_chan_attrs: attrs.clone(),
+            back_chan_attrs: attrs,
+            cb_program: 0x4000_0001,
+            sec_parms: BoundedVec(vec![CallbackSecParms::None]),
+        };
+        let back = Back::granted(&args, Some(&conn));
+        assert!(back.is_some());
+        let limits = ChannelLimits {
+            max_request: 4096,
+            max_response: 4096,
+            max_cached: 0,
+            max_ops: 8,
+            max_slots: 4,
+        };
+        let res = state.create_session(&args, limits, None, back).unwrap();
+        (state, res.sessionid, conn)
+    }
+
+    fn recall() -> CbArgOp {
+        CbArgOp::Recall(CbRecallArgs {
+            stateid: Stateid4 {
+                seqid: 1,
+                other: [3; 12],
+            },
+            truncate: false,
+            fh: Fh4(Bytes::from_static(b"fh")),
+        })
+    }
+
+    /// Runs one CB_COMPOUND and waits for its outcome.
+    fn run(cb: &Callbacks, sid: SessionId4) -> Result<CbCompoundRes, CbError> {
+        let (tx, rx) = mpsc::channel();
+        cb.compound(sid, vec![recall()], move |r| tx.send(r).unwrap());
+        rx.recv_timeout(Duration::from_secs(20)).unwrap()
+    }
+
+    #[test]
+    fn cb_compound_leads_with_cb_sequence_on_slot_zero_and_counts_up_its_sequence() {
+        let seen: Arc<Mutex<Vec<(u32, u32, SessionId4)>>> = Arc::default();
+        let log = seen.clone();
+        let (state, sid, _conn) = session(Arc::new(move |a: &CbCompoundArgs| {
+            let CbArgOp::Sequence(s) = &a.ops[0] else {
+                panic!("{a:?}")
+            };
+            assert!(matches!(a.ops[1], CbArgOp::Recall(_)));
+            log.lock()
+                .unwrap()
+                .push((s.sequenceid, s.slotid, s.sessionid));
+            Some(CbCompoundRes {
+                status: Status::OK,
+                tag: a.tag.clone(),
+                results: vec![
+                    CbResOp::Sequence(Ok(CbSequenceResOk {
+                        sessionid: s.sessionid,
+                        sequenceid: s.sequenceid,
+                        slotid: 0,
+                        highest_slotid: 0,
+                        target_highest_slotid: 0,
+                    })),
+                    CbResOp::Recall(Status::OK),
+                ],
+            })
+        }));
+        let cb = Callbacks::new(state.clone(), Duration::from_secs(5));
+        for _ in 0..2 {
+            let r = run(&cb, sid).unwrap();
+            assert_eq!(r.results[1], CbResOp::Recall(Status::OK));
+        }
+        assert_eq!(*seen.lock().unwrap(), vec![(1, 0, sid), (2, 0, sid)]);
+        assert_eq!(state.back_path(&sid), Some(Path::Up));
+        assert_eq!(cb.stats().answered.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_cb_sequence_error_or_no_answer_fails_the_callback() {
+        let (state, sid, _conn) = session(Arc::new(|a: &CbCompoundArgs| {
+            Some(CbCompoundRes {
+                status: Status::BADSESSION,
+                tag: a.tag.clone(),
+                results: vec![CbResOp::Sequence(Err(Status::BADSESSION))],
+            })
+        }));
+        let cb = Callbacks::new(state, Duration::from_secs(5));
+        assert_eq!(
+            run(&cb, sid).unwrap_err(),
+            CbError::Sequence(Status::BADSESSION)
+        );
+
+        let (state, sid, _conn) = session(Arc::new(|_: &CbCompoundArgs| None));
+        let cb = Callbacks::new(state.clone(), Duration::from_millis(200));
+        assert_eq!(
+            run(&cb, sid).unwrap_err(),
+            CbError::Timeout(Duration::from_millis(200))
+        );
+        assert_eq!(state.back_path(&sid), Some(Path::Down));
+        assert_eq!(
+            state
+                .sequence(&sid, 0, 1, 1, 100, std::time::Instant::now())
+                .map(|c| match c {
+                    crate::service::nfs4::state::SlotCheck::New { status_flags, .. } =>
+                        status_flags,
+                    _ => panic!("a new request"),
+                }),
+            Ok(seq_status::CB_PATH_DOWN_SESSION | seq_status::CB_PATH_DOWN)
+        );
+        assert_eq!(cb.stats().failed.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_callback_on_a_closed_connection_fails_at_once() {
+        let (state, sid, conn) = session(Arc::new(|_: &CbCompoundArgs| None));
+        conn.close();
+        let cb = Callbacks::new(state.clone(), Duration::from_secs(60));
+        assert_eq!(run(&cb, sid).unwrap_err(), CbError::NoPath);
+        assert_eq!(state.back_path(&sid), Some(Path::Down));
+    }
+}
