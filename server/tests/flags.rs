@@ -69,6 +69,10 @@ fn bad_rdma_settings_are_refused_by_name() {
             "--rdma-srq must be between 0 and 65536",
         ),
         (
+            &["--delegations", "maybe"][..],
+            "--delegations must be on or off",
+        ),
+        (
             &["--inline", "3000"][..],
             "--inline must be a multiple of 1K",
         ),

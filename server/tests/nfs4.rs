@@ -75,10 +75,10 @@ fn compound_rules_for_sequence_and_sessionless_operations() {
         vec![s, ArgOp::Putrootfh, ArgOp::Seek(SeekArgs::default())],
     );
     assert_eq!(r.status, Status::OP_ILLEGAL);
-    // A defined operation not implemented (DELEGRETURN): NOTSUPP.
+    // A defined operation not implemented (DELEGPURGE): NOTSUPP.
     let r = v.run(vec![
         ArgOp::Putrootfh,
-        ArgOp::Unsupported(opnum::DELEGRETURN),
+        ArgOp::Unsupported(opnum::DELEGPURGE),
     ]);
     assert_eq!(r.status, Status::NOTSUPP);
     // Arguments that do not decode: the operations before run, the bad

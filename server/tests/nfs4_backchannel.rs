@@ -96,7 +96,7 @@ fn session_not_answering(addr: std::net::SocketAddr, owner: &'static str) -> V4 
         panic!("{r:?}")
     };
     let (clientid, seq) = (e.clientid, e.sequenceid);
-    let r = compound(&mut c, 1, "", vec![create_session(clientid, seq)]);
+    let r = compound(&mut c, 1, "", vec![create_session_back(clientid, seq)]);
     let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
         panic!("{r:?}")
     };
@@ -148,8 +148,8 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
 #[test]
 fn a_session_whose_backchannel_connection_ended_reports_it_until_another_is_bound() {
     let srv = server();
-    // The probe on connection A is answered (V4::new waits for it).
-    let mut v = V4::new(srv.addr, "moving");
+    // The probe on connection A is answered (V4::with_back waits for it).
+    let mut v = V4::with_back(srv.addr, "moving");
     let a = std::mem::replace(&mut v.c, RawClient::connect(srv.addr));
     // On connection B, the fore channel is bound by SEQUENCE alone; the
     // backchannel is still A, which is up.
@@ -175,12 +175,12 @@ fn a_session_created_without_a_backchannel_gets_none_and_reports_none_down() {
     let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
         panic!("{r:?}")
     };
-    let mut args = match create_session(e.clientid, e.sequenceid) {
+    let args = match create_session(e.clientid, e.sequenceid) {
         ArgOp::CreateSession(a) => a,
         _ => unreachable!(),
     };
-    args.flags = 0;
-    let r = compound(&mut c, 1, "", vec![ArgOp::CreateSession(args.clone())]);
+    assert_eq!(args.flags, 0);
+    let r = compound(&mut c, 1, "", vec![ArgOp::CreateSession(args)]);
     let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
         panic!("{r:?}")
     };
@@ -205,7 +205,7 @@ fn a_session_created_without_a_backchannel_gets_none_and_reports_none_down() {
     let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
         panic!("{r:?}")
     };
-    let mut args = match create_session(e.clientid, e.sequenceid) {
+    let mut args = match create_session_back(e.clientid, e.sequenceid) {
         ArgOp::CreateSession(a) => a,
         _ => unreachable!(),
     };

@@ -137,6 +137,12 @@ struct Args {
     /// [default: the lease].
     #[arg(long, value_name = "SECS")]
     grace: Option<u64>,
+    /// NFSv4.1 delegations, on or off [default: on]: a client whose
+    /// session has a working backchannel (over TCP) may get a read or a
+    /// write delegation at OPEN, recalled when another client (or an
+    /// NFSv3 call) needs the file.
+    #[arg(long, value_name = "on|off")]
+    delegations: Option<String>,
 }
 
 /// The TOML configuration: the same settings as the flags.
@@ -168,6 +174,7 @@ struct Config {
     versions: Option<String>,
     lease: Option<u64>,
     grace: Option<u64>,
+    delegations: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64> {
@@ -377,6 +384,13 @@ fn start() -> Result<()> {
             bail!("--lease must be between 10 and 3600 seconds (got {l})");
         }
         service_config.nfs4.lease = std::time::Duration::from_secs(l);
+    }
+    if let Some(d) = args.delegations.as_ref().or(cfg.delegations.as_ref()) {
+        service_config.nfs4.delegations = match d.as_str() {
+            "on" => true,
+            "off" => false,
+            other => bail!("--delegations must be on or off (got {other:?})"),
+        };
     }
     if let Some(g) = args.grace.or(cfg.grace) {
         if g > 3600 {

@@ -361,6 +361,7 @@ impl Service {
         );
         out.push_str(&self.nlm.report());
         out.push_str(&self.nfs4().callbacks.report());
+        out.push_str(&self.nfs4().delegs.report());
         for e in self.exports.iter().filter(|e| e.store.read().config().null) {
             let (zeros, discarded) = e.store.read().null_stats();
             out.push_str(&format!(

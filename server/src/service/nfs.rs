@@ -140,6 +140,7 @@ impl Service {
         let before = fs.wcc_attr(ino);
         let r = self
             .writable(&t)
+            .and_then(|_| self.break_delegations3(t.ex, ino, true))
             .and_then(|_| fs.setattr(ino, &t.cred, &a.new_attributes, a.guard));
         let body = Setattr3ResBody {
             obj_wcc: wcc(&fs, ino, before),
@@ -214,6 +215,15 @@ impl Service {
             Ok(i) => i,
             Err(e) => return NfsResult::Err(e, AttrOnly::default()),
         };
+        // A write delegation elsewhere: the data here may be stale.
+        if let Err(e) = self.break_delegations3(t.ex, ino, false) {
+            return NfsResult::Err(
+                e,
+                AttrOnly {
+                    obj_attributes: fs.getattr(ino).ok(),
+                },
+            );
+        }
         let count = a.count.min(self.config.max_io);
         match fs.read(ino, &t.cred, a.offset, count) {
             Ok((data, eof)) => NfsResult::Ok(Read3ResOk {
@@ -247,7 +257,7 @@ impl Service {
             if a.data.len() != a.count as usize || a.count > self.config.max_io {
                 return Err(NfsStat3::Inval);
             }
-            Ok(())
+            self.break_delegations3(t.ex, ino, true)
         });
         let (before, r, after) = match checked {
             Ok(()) => fs.write_wcc(ino, &t.cred, a.offset, &a.data),
@@ -337,6 +347,9 @@ impl Service {
             if dir_too {
                 fs.rmdir(dir, &o.name, &t.cred)
             } else {
+                if let Ok(ino) = fs.lookup(dir, &o.name, &t.cred) {
+                    self.break_delegations3(t.ex, ino, true)?;
+                }
                 fs.remove(dir, &o.name, &t.cred)
             }
         });
@@ -362,9 +375,15 @@ impl Service {
             (Err(e), _) | (_, Err(e)) => return NfsResult::Err(e, Default::default()),
         };
         let (fb, tb) = (fs.wcc_attr(from), fs.wcc_attr(to));
-        let r = self
-            .writable(&t)
-            .and_then(|_| fs.rename(from, &a.from.name, to, &a.to.name, &t.cred));
+        let r = self.writable(&t).and_then(|_| {
+            // The file renamed and the one it would replace.
+            for (dir, name) in [(from, &a.from.name), (to, &a.to.name)] {
+                if let Ok(ino) = fs.lookup(dir, name, &t.cred) {
+                    self.break_delegations3(t.ex, ino, true)?;
+                }
+            }
+            fs.rename(from, &a.from.name, to, &a.to.name, &t.cred)
+        });
         let body = Rename3ResBody {
             fromdir_wcc: wcc(&fs, from, fb),
             todir_wcc: wcc(&fs, to, tb),
@@ -390,6 +409,7 @@ impl Service {
         let before = fs.wcc_attr(dir);
         let r = self
             .writable(&t)
+            .and_then(|_| self.break_delegations3(t.ex, file, true))
             .and_then(|_| fs.link(file, dir, &a.link.name, &t.cred));
         let body = Link3ResBody {
             file_attributes: fs.getattr(file).ok(),

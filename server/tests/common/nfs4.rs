@@ -56,7 +56,18 @@ pub fn exchange_id(owner: &str, verifier: u8) -> ArgOp {
     })
 }
 
+/// CREATE_SESSION without a backchannel: the server calls nothing back,
+/// and grants no delegation.
 pub fn create_session(clientid: u64, sequence: u32) -> ArgOp {
+    let ArgOp::CreateSession(mut a) = create_session_back(clientid, sequence) else {
+        unreachable!()
+    };
+    a.flags = 0;
+    ArgOp::CreateSession(a)
+}
+
+/// CREATE_SESSION asking for a backchannel on the connection.
+pub fn create_session_back(clientid: u64, sequence: u32) -> ArgOp {
     ArgOp::CreateSession(CreateSessionArgs {
         clientid,
         sequence,
@@ -100,8 +111,21 @@ impl V4 {
     }
 
     /// A client record and session that has not said RECLAIM_COMPLETE:
-    /// after a server's restart, it may reclaim.
+    /// after a server's restart, it may reclaim. No backchannel.
     pub fn reclaiming(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
+        V4::session(addr, owner, false)
+    }
+
+    /// As [`V4::new`], with a backchannel on the connection whose probe
+    /// (CB_NULL) was answered.
+    pub fn with_back(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
+        let mut v = V4::session(addr, owner, true);
+        let r = v.run(vec![ArgOp::ReclaimComplete(false)]);
+        assert_eq!(r.status, Status::OK, "{r:?}");
+        v
+    }
+
+    fn session(addr: std::net::SocketAddr, owner: &'static str, back: bool) -> V4 {
         let mut c = RawClient::connect(addr);
         let r = compound(&mut c, 1, "eid", vec![exchange_id(owner, 1)]);
         let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
@@ -113,24 +137,31 @@ impl V4 {
             "a new record is unconfirmed"
         );
         let (clientid, seq) = (e.clientid, e.sequenceid);
-        let r = compound(&mut c, 1, "cs", vec![create_session(clientid, seq)]);
+        let cs = if back {
+            create_session_back(clientid, seq)
+        } else {
+            create_session(clientid, seq)
+        };
+        let r = compound(&mut c, 1, "cs", vec![cs]);
         let ResOp::CreateSession(Ok(s)) = &r.results[0] else {
             panic!("{r:?}");
         };
-        assert_ne!(
-            s.flags & session_flags::CONN_BACK_CHAN,
-            0,
-            "the backchannel is granted on the session's TCP connection"
+        assert_eq!(
+            s.flags & session_flags::CONN_BACK_CHAN != 0,
+            back,
+            "a backchannel on the session's TCP connection when asked for"
         );
         assert_eq!(s.fore_chan_attrs.maxrequests, 8);
-        // The server probes the backchannel with CB_NULL: answered here,
-        // the path is up, and SEQUENCE reports no flag.
-        let call = c
-            .next_call(std::time::Duration::from_secs(10))
-            .expect("CB_NULL on the new session's connection");
-        let (h, _) = nfsrdma_xdr::rpc::split_message(call).unwrap();
-        let body = h.as_call().expect("a call");
-        assert_eq!((body.prog, body.vers, body.proc_), (0x4000_0000, 1, 0));
+        if back {
+            // The server probes the backchannel with CB_NULL: answered
+            // here, the path is up, and SEQUENCE reports no flag.
+            let call = c
+                .next_call(std::time::Duration::from_secs(10))
+                .expect("CB_NULL on the new session's connection");
+            let (h, _) = nfsrdma_xdr::rpc::split_message(call).unwrap();
+            let body = h.as_call().expect("a call");
+            assert_eq!((body.prog, body.vers, body.proc_), (0x4000_0000, 1, 0));
+        }
         V4 {
             c,
             clientid,

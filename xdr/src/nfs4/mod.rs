@@ -109,6 +109,9 @@ pub mod seq_status {
     pub const EXPIRED_ALL_STATE_REVOKED: u32 = 0x8;
     /// Some of the client's state was revoked on lease expiry.
     pub const EXPIRED_SOME_STATE_REVOKED: u32 = 0x10;
+    /// The server revoked some of the client's recallable state (a
+    /// delegation whose recall went unanswered).
+    pub const RECALLABLE_STATE_REVOKED: u32 = 0x40;
     /// The server restarted and the client should reclaim.
     pub const RESTART_RECLAIM_NEEDED: u32 = 0x100;
     /// No backchannel path for this session.

@@ -319,6 +319,16 @@ xdr_struct!(
 );
 
 xdr_struct!(
+    /// BACKCHANNEL_CTL4args.
+    pub struct BackchannelCtlArgs {
+        /// The callback program.
+        pub cb_program: u32,
+        /// Callback security.
+        pub sec_parms: BoundedVec<CallbackSecParms, 16>,
+    }
+);
+
+xdr_struct!(
     /// BIND_CONN_TO_SESSION4args.
     pub struct BindConnArgs {
         /// The session.
@@ -496,13 +506,83 @@ xdr_struct!(
     }
 );
 
-/// `open_delegation4`, as a server that grants none sends it.
+xdr_struct!(
+    /// `nfsace4`: the permissions of a delegation (RFC 8881 §6.2.1).
+    pub struct Nfsace4 {
+        /// `acetype4`: 0 ACCESS_ALLOWED.
+        pub acetype: u32,
+        /// `aceflag4`.
+        pub flag: u32,
+        /// `acemask4`.
+        pub access_mask: u32,
+        /// Whom the entry names ("" with a zero mask: nothing is said).
+        pub who: Utf8Str,
+    }
+);
+
+/// `nfs_space_limit4`: how far a client may write under a write
+/// delegation before it must flush.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "arbitrary", derive(proptest_derive::Arbitrary))]
+pub enum SpaceLimit4 {
+    /// NFS_LIMIT_SIZE: a file size.
+    Size(u64),
+    /// NFS_LIMIT_BLOCKS: blocks of a size.
+    Blocks {
+        /// Number of blocks.
+        num_blocks: u32,
+        /// Bytes per block.
+        bytes_per_block: u32,
+    },
+}
+
+impl Xdr for SpaceLimit4 {
+    fn encode<S: XdrSink + ?Sized>(&self, s: &mut S) {
+        match self {
+            SpaceLimit4::Size(n) => {
+                s.put_u32_be(1);
+                n.encode(s);
+            }
+            SpaceLimit4::Blocks {
+                num_blocks,
+                bytes_per_block,
+            } => {
+                s.put_u32_be(2);
+                s.put_u32_be(*num_blocks);
+                s.put_u32_be(*bytes_per_block);
+            }
+        }
+    }
+    fn decode(d: &mut Decoder) -> Result<Self> {
+        match disc(d, "limit_by4")? {
+            1 => Ok(SpaceLimit4::Size(u64::decode(d)?)),
+            2 => Ok(SpaceLimit4::Blocks {
+                num_blocks: d.u32("num_blocks")?,
+                bytes_per_block: d.u32("bytes_per_block")?,
+            }),
+            v => Err(bad_arm("limit_by4", v)),
+        }
+    }
+    fn encoded_len(&self) -> usize {
+        match self {
+            SpaceLimit4::Size(_) => 12,
+            SpaceLimit4::Blocks { .. } => 12,
+        }
+    }
+}
+
+/// `open_delegation4`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "arbitrary", derive(proptest_derive::Arbitrary))]
 pub enum OpenDelegation4 {
     /// OPEN_DELEGATE_NONE.
     #[default]
     None,
+    /// OPEN_DELEGATE_READ: the stateid, whether it is being recalled
+    /// already, the permissions.
+    Read(Stateid4, bool, Nfsace4),
+    /// OPEN_DELEGATE_WRITE: as a read one, with the space limit.
+    Write(Stateid4, bool, SpaceLimit4, Nfsace4),
     /// OPEN_DELEGATE_NONE_EXT with a `why_no_delegation4` that carries no
     /// arm (WND4_NOT_WANTED 0, WND4_NOT_SUPP_FTYPE 3, ...).
     NoneExt(#[cfg_attr(feature = "arbitrary", proptest(strategy = "3u32..9"))] u32),
@@ -512,6 +592,19 @@ impl Xdr for OpenDelegation4 {
     fn encode<S: XdrSink + ?Sized>(&self, s: &mut S) {
         match self {
             OpenDelegation4::None => s.put_u32_be(0),
+            OpenDelegation4::Read(sid, recall, ace) => {
+                s.put_u32_be(1);
+                sid.encode(s);
+                recall.encode(s);
+                ace.encode(s);
+            }
+            OpenDelegation4::Write(sid, recall, limit, ace) => {
+                s.put_u32_be(2);
+                sid.encode(s);
+                recall.encode(s);
+                limit.encode(s);
+                ace.encode(s);
+            }
             OpenDelegation4::NoneExt(why) => {
                 s.put_u32_be(3);
                 s.put_u32_be(*why);
@@ -521,19 +614,33 @@ impl Xdr for OpenDelegation4 {
     fn decode(d: &mut Decoder) -> Result<Self> {
         match disc(d, "open_delegation_type4")? {
             0 => Ok(OpenDelegation4::None),
+            1 => Ok(OpenDelegation4::Read(
+                Stateid4::decode(d)?,
+                bool::decode(d)?,
+                Nfsace4::decode(d)?,
+            )),
+            2 => Ok(OpenDelegation4::Write(
+                Stateid4::decode(d)?,
+                bool::decode(d)?,
+                SpaceLimit4::decode(d)?,
+                Nfsace4::decode(d)?,
+            )),
             3 => match d.u32("why_no_delegation4")? {
                 w @ (1 | 2) => Err(bad_arm("why_no_delegation4 with an arm", w)),
                 w => Ok(OpenDelegation4::NoneExt(w)),
             },
-            v => Err(bad_arm(
-                "open_delegation_type4 (delegations are not modelled)",
-                v,
-            )),
+            v => Err(bad_arm("open_delegation_type4", v)),
         }
     }
     fn encoded_len(&self) -> usize {
         match self {
             OpenDelegation4::None => 4,
+            OpenDelegation4::Read(sid, r, ace) => {
+                4 + sid.encoded_len() + r.encoded_len() + ace.encoded_len()
+            }
+            OpenDelegation4::Write(sid, r, l, ace) => {
+                4 + sid.encoded_len() + r.encoded_len() + l.encoded_len() + ace.encoded_len()
+            }
             OpenDelegation4::NoneExt(_) => 8,
         }
     }

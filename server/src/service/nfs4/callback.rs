@@ -129,6 +129,9 @@ pub struct Back {
     pub path: Path,
     /// Slot 0's sequence id: the server uses one slot.
     pub seq: u32,
+    /// The minor version CB_COMPOUND carries: the session's (that of the
+    /// COMPOUND that made it).
+    pub minor: u32,
 }
 
 impl Back {
@@ -136,7 +139,11 @@ impl Back {
     /// it: the client wants it, the connection can carry calls, and one of
     /// the security flavours offered is one the server can send (AUTH_NONE
     /// or AUTH_SYS; not RPCSEC_GSS).
-    pub fn granted(args: &CreateSessionArgs, conn: Option<&Arc<BackConn>>) -> Option<Back> {
+    pub fn granted(
+        args: &CreateSessionArgs,
+        minor: u32,
+        conn: Option<&Arc<BackConn>>,
+    ) -> Option<Back> {
         if args.flags & session_flags::CONN_BACK_CHAN == 0 {
             return None;
         }
@@ -148,6 +155,7 @@ impl Back {
             conns: vec![Arc::downgrade(conn)],
             path: Path::Unknown,
             seq: 0,
+            minor,
         })
     }
 
@@ -360,7 +368,7 @@ impl Worker {
     }
 
     fn compound(&self, sid: &SessionId4, ops: Vec<CbArgOp>) -> Result<CbCompoundRes, CbError> {
-        let seq = self.state.next_back_seq(sid).ok_or(CbError::NoPath)?;
+        let (seq, minor) = self.state.next_back_seq(sid).ok_or(CbError::NoPath)?;
         let mut all = Vec::with_capacity(ops.len() + 1);
         all.push(CbArgOp::Sequence(CbSequenceArgs {
             sessionid: *sid,
@@ -373,7 +381,7 @@ impl Worker {
         all.extend(ops);
         let args = CbCompoundArgs {
             tag: Utf8Str(Bytes::new()),
-            minorversion: 1,
+            minorversion: minor,
             callback_ident: 0,
             ops: all,
         };
@@ -444,7 +452,7 @@ impl Worker {
 
 use super::Cx;
 use crate::service::Service;
-use nfsrdma_xdr::nfs4::ops::{BindConnArgs, BindConnResOk, CreateSessionResOk};
+use nfsrdma_xdr::nfs4::ops::{BackchannelCtlArgs, BindConnArgs, BindConnResOk, CreateSessionResOk};
 
 /// `channel_dir_from_client4` and `channel_dir_from_server4` values.
 mod dir {
@@ -464,7 +472,7 @@ impl Service {
         cx: &Cx,
         a: &CreateSessionArgs,
     ) -> Result<CreateSessionResOk, Status> {
-        let back = Back::granted(a, cx.caller.ctx.back.as_ref());
+        let back = Back::granted(a, cx.minor, cx.caller.ctx.back.as_ref());
         let res = self.nfs4.state.create_session(
             a,
             self.channel_limits(),
@@ -477,6 +485,15 @@ impl Service {
             self.nfs4.callbacks.probe(res.sessionid);
         }
         Ok(res)
+    }
+
+    /// BACKCHANNEL_CTL (RFC 8881 §18.33): the session's callback program
+    /// and credential from now on.
+    pub(super) fn backchannel_ctl4(&self, cx: &Cx, a: &BackchannelCtlArgs) -> Result<(), Status> {
+        let sid = cx.session.ok_or(Status::OP_NOT_IN_SESSION)?;
+        let cred = cred_for(&a.sec_parms.0).ok_or(Status::ENCR_ALG_UNSUPP)?;
+        self.nfs4.state.set_back_program(&sid, a.cb_program, cred);
+        Ok(())
     }
 
     /// BIND_CONN_TO_SESSION (RFC 8881 §18.34): the fore channel always;
@@ -567,7 +584,7 @@ mod tests {
             cb_program: 0x4000_0001,
             sec_parms: BoundedVec(vec![CallbackSecParms::None]),
         };
-        let back = Back::granted(&args, Some(&conn));
+        let back = Back::granted(&args, 1, Some(&conn));
         assert!(back.is_some());
         let limits = ChannelLimits {
             max_request: 4096,

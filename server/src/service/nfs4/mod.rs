@@ -7,6 +7,7 @@
 
 pub mod attrs;
 pub mod callback;
+mod deleg;
 mod ops;
 pub mod pseudo;
 pub mod state;
@@ -41,6 +42,8 @@ pub struct Nfs4Config {
     /// servers with one owner for one server. The same after a restart,
     /// so that clients reclaim there.
     pub instance: String,
+    /// Whether OPEN grants delegations.
+    pub delegations: bool,
 }
 
 impl Default for Nfs4Config {
@@ -51,6 +54,7 @@ impl Default for Nfs4Config {
             lease: Duration::from_secs(90),
             grace: None,
             instance: String::new(),
+            delegations: true,
         }
     }
 }
@@ -79,6 +83,8 @@ pub struct Nfs4 {
     pub state: std::sync::Arc<State4>,
     /// The server's calls to its clients on their backchannels.
     pub callbacks: callback::Callbacks,
+    /// Delegation counters.
+    pub delegs: std::sync::Arc<deleg::DelegStats>,
     pseudo: Pseudo,
     config: Nfs4Config,
     /// The server's owner and scope (EXCHANGE_ID).
@@ -94,6 +100,7 @@ impl Nfs4 {
         let state = std::sync::Arc::new(State4::new(config.lease));
         Nfs4 {
             callbacks: callback::Callbacks::new(state.clone(), callback_timeout(config.lease)),
+            delegs: std::sync::Arc::default(),
             state,
             pseudo: Pseudo::new(paths),
             owner: bytes::Bytes::from(match config.instance.as_str() {
@@ -129,6 +136,8 @@ pub(crate) struct Cx<'a> {
     pub saved_sid: Option<Stateid4>,
     /// The session's client (after SEQUENCE).
     pub client: Option<u64>,
+    /// The session (after SEQUENCE).
+    pub session: Option<nfsrdma_xdr::nfs4::SessionId4>,
 }
 
 impl Cx<'_> {
@@ -251,6 +260,7 @@ impl Service {
             cur_sid: None,
             saved_sid: None,
             client: None,
+            session: None,
         };
         // The slot's session, slot, cachethis, and the session's largest
         // reply and largest cached reply.
@@ -277,6 +287,7 @@ impl Service {
                                 status_flags,
                             }) => {
                                 cx.client = Some(client);
+                                cx.session = Some(s.sessionid);
                                 slot = Some((
                                     s.sessionid,
                                     s.slotid,

@@ -148,7 +148,7 @@ impl Service {
         Ok(Fh::File(idx, ino))
     }
 
-    fn fh_bytes(&self, fh: Fh) -> R<Fh4> {
+    pub(super) fn fh_bytes(&self, fh: Fh) -> R<Fh4> {
         match fh {
             Fh::Pseudo(id) => Ok(Fh4(Pseudo::handle(id))),
             Fh::File(idx, ino) => {
@@ -226,7 +226,14 @@ impl Service {
             }),
             ArgOp::Lookup(name) => ResOp::Lookup(self.lookup4(cx, name)),
             ArgOp::Lookupp => ResOp::Lookupp(self.lookupp4(cx)),
-            ArgOp::Getattr(want) => ResOp::Getattr(cx.cur().and_then(|f| self.fattr(cx, f, want))),
+            ArgOp::Getattr(want) => ResOp::Getattr(cx.cur().and_then(|f| {
+                // Another client's write delegation: its size and change
+                // may be cached there (no CB_GETATTR: it is recalled).
+                if let Fh::File(idx, ino) = f {
+                    self.break_delegations4(cx.client, (idx, ino), false)?;
+                }
+                self.fattr(cx, f, want)
+            })),
             ArgOp::Access(want) => ResOp::Access(self.access4(cx, *want)),
             ArgOp::Verify(f) => ResOp::Verify(self.verify4(cx, f, true)),
             ArgOp::Nverify(f) => ResOp::Nverify(self.verify4(cx, f, false)),
@@ -265,6 +272,9 @@ impl Service {
                 _ => Err(Status::INVAL),
             }),
             ArgOp::Open(a) => ResOp::Open(self.open4(cx, a)),
+            ArgOp::Delegreturn(sid) => {
+                ResOp::Delegreturn(cx.sid(sid).and_then(|sid| self.delegreturn4(cx, &sid)))
+            }
             ArgOp::Close(a) => ResOp::Close(self.close4(cx, a)),
             ArgOp::OpenDowngrade(a) => ResOp::OpenDowngrade(self.downgrade4(cx, a)),
             ArgOp::Lock(a) => ResOp::Lock(self.lock4(cx, a)),
@@ -292,6 +302,7 @@ impl Service {
                 ResOp::DestroyClientid(self.nfs4.state.destroy_clientid(*id))
             }
             ArgOp::BindConnToSession(a) => ResOp::BindConnToSession(self.bind_conn4(cx, a)),
+            ArgOp::BackchannelCtl(a) => ResOp::BackchannelCtl(self.backchannel_ctl4(cx, a)),
             ArgOp::ReclaimComplete(one_fs) => ResOp::ReclaimComplete(match (cx.client, one_fs) {
                 (None, _) => Err(Status::OP_NOT_IN_SESSION),
                 // Per file system: nothing to reclaim here either.
@@ -410,6 +421,7 @@ impl Service {
                 .check_io(cx.client, &sid, (t.idx, ino), true)?;
         }
         let mut fs = t.ex.store.write();
+        self.break_delegations4(cx.client, (t.idx, ino), true)?;
         fs.setattr(ino, &t.cred, &sattr, None).map_err(st)?;
         Ok(mask)
     }
@@ -537,6 +549,7 @@ impl Service {
         let mut fs = t.ex.store.write();
         let before = fs.change(dir).map_err(st)?;
         let target = fs.lookup(dir, name, &t.cred).map_err(st)?;
+        self.break_delegations4(cx.client, (t.idx, target), true)?;
         if is_dir(&fs, target)? {
             fs.rmdir(dir, name, &t.cred).map_err(st)?;
         } else {
@@ -570,6 +583,12 @@ impl Service {
         self.no_grace()?;
         let mut fs = t.ex.store.write();
         let (fb, tb) = (fs.change(from).map_err(st)?, fs.change(to).map_err(st)?);
+        // The file renamed and the one it would replace.
+        for (dir, name) in [(from, &a.oldname), (to, &a.newname)] {
+            if let Ok(ino) = fs.lookup(dir, name, &t.cred) {
+                self.break_delegations4(cx.client, (t.idx, ino), true)?;
+            }
+        }
         fs.rename(from, &a.oldname, to, &a.newname, &t.cred)
             .map_err(st)?;
         Ok(RenameResOk {
@@ -586,6 +605,7 @@ impl Service {
         if is_dir(&fs, file)? {
             return Err(Status::ISDIR);
         }
+        self.break_delegations4(cx.client, (t.idx, file), true)?;
         let before = fs.change(dir).map_err(st)?;
         fs.link(file, dir, name, &t.cred).map_err(st)?;
         Ok(cinfo(before, fs.change(dir).map_err(st)?))
@@ -751,15 +771,24 @@ impl Service {
             return Err(Status::INVAL);
         }
         let (t, cur) = self.cur_file(cx, Status::ROFS)?;
-        let (name, dir, claim) = match &a.claim {
-            OpenClaim4::Null(name) => (Some(name), cur, Claim::New),
-            OpenClaim4::Fh => (None, cur, Claim::New),
-            // The file itself is the current filehandle; no delegation
-            // was ever granted, so none is reclaimed.
-            OpenClaim4::Previous(_) => (None, cur, Claim::Reclaim),
+        // `deleg`: the delegation whose holder opens under it (a recall
+        // asks the client to make its local opens the server's first).
+        let (name, dir, claim, deleg) = match &a.claim {
+            OpenClaim4::Null(name) => (Some(name), cur, Some(Claim::New), None),
+            OpenClaim4::Fh => (None, cur, Some(Claim::New), None),
+            // The file itself is the current filehandle; delegations do
+            // not outlive a restart, so none is reclaimed.
+            OpenClaim4::Previous(_) => (None, cur, Some(Claim::Reclaim), None),
+            OpenClaim4::DelegateCur(sid, name) => (Some(name), cur, None, Some(*sid)),
+            OpenClaim4::DelegCurFh(sid) => (None, cur, None, Some(*sid)),
             _ => return Err(Status::NOTSUPP),
         };
-        self.nfs4.state.check_claim(client, claim, Instant::now())?;
+        if let Some(claim) = claim {
+            self.nfs4.state.check_claim(client, claim, Instant::now())?;
+        }
+        if deleg.is_some() && a.openhow.is_some() {
+            return Err(Status::INVAL);
+        }
         if a.openhow.is_some() && name.is_none() {
             return Err(Status::INVAL);
         }
@@ -778,6 +807,10 @@ impl Service {
                     Err(NfsStat3::Noent) => None,
                     Err(e) => return Err(st(e)),
                 };
+                if let Some(i) = existing {
+                    let write = access & share::ACCESS_WRITE != 0 || a.openhow.is_some();
+                    self.break_delegations4(Some(client), (t.idx, i), write)?;
+                }
                 match (&a.openhow, existing) {
                     (None, None) => return Err(Status::NOENT),
                     (None, Some(i)) => i,
@@ -819,8 +852,17 @@ impl Service {
                     }
                 }
             }
-            None => cur,
+            None => {
+                let write = access & share::ACCESS_WRITE != 0;
+                self.break_delegations4(Some(client), (t.idx, cur), write)?;
+                cur
+            }
         };
+        if let Some(sid) = deleg {
+            self.nfs4
+                .state
+                .holds_delegation(client, &sid, (t.idx, ino))?;
+        }
         match fs.getattr(ino).map_err(st)?.type_ {
             Ftype3::Reg => {}
             Ftype3::Dir => return Err(Status::ISDIR),
@@ -857,6 +899,11 @@ impl Service {
         })?;
         fs.hold(ino);
         drop(fs);
+        let delegation = if deleg.is_none() {
+            self.offer_delegation(cx, (t.idx, ino), a.share_access)
+        } else {
+            OpenDelegation4::None
+        };
         cx.cur = Some(Fh::File(t.idx, ino));
         cx.cur_sid = Some(sid);
         Ok(OpenResOk {
@@ -868,7 +915,7 @@ impl Service {
             // aside).
             rflags: 4 | 8,
             attrset,
-            delegation: OpenDelegation4::None,
+            delegation,
         })
     }
 
@@ -914,6 +961,10 @@ impl Service {
         if let Err(e) = self.nfs4.state.check_claim(client, claim, Instant::now()) {
             return LockRes::Err(e);
         }
+        // The holder of a delegation may hold locks of its own locally.
+        if let Err(e) = self.break_delegations4(Some(client), file, is_write(a.locktype)) {
+            return LockRes::Err(e);
+        }
         let r = match &a.locker {
             Locker4::New(o) => match cx.sid(&o.open_stateid) {
                 Ok(open) => self.nfs4.state.lock_range(
@@ -955,6 +1006,9 @@ impl Service {
             .state
             .check_claim(client, Claim::New, Instant::now())
         {
+            return LockRes::Err(e);
+        }
+        if let Err(e) = self.break_delegations4(Some(client), file, is_write(a.locktype)) {
             return LockRes::Err(e);
         }
         match self.nfs4.state.test_lock(
@@ -1159,4 +1213,10 @@ fn spec(s: &nfsrdma_xdr::nfs4::Specdata4) -> SpecData3 {
         specdata1: s.specdata1,
         specdata2: s.specdata2,
     }
+}
+
+/// Whether a lock type is a write lock (blocking or not).
+fn is_write(t: nfsrdma_xdr::nfs4::LockType4) -> bool {
+    use nfsrdma_xdr::nfs4::LockType4 as L;
+    matches!(t, L::Write | L::WriteW)
 }

@@ -21,7 +21,7 @@ use nfsrdma_xdr::nfs4::{
     share, Compound4Res, LockType4, Opaque4, SessionId4, StateOwner4, Stateid4, Status,
 };
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -83,13 +83,62 @@ struct Client {
     /// A client of the previous instance (its owner is in the grace
     /// period's list): it may reclaim until its RECLAIM_COMPLETE.
     may_reclaim: bool,
+    /// Delegations of this client revoked and not yet freed.
+    revoked: u32,
 }
 
 /// The kind of a stateid.
 #[derive(Debug, Clone)]
 enum Kind {
-    Open { access: u32, deny: u32 },
-    Lock { open: [u8; 12] },
+    Open {
+        access: u32,
+        deny: u32,
+    },
+    Lock {
+        open: [u8; 12],
+    },
+    /// A delegation (RFC 8881 §10.2).
+    Deleg(Deleg),
+    /// A delegation revoked: its client learns it from DELEG_REVOKED and
+    /// SEQ4_STATUS_RECALLABLE_STATE_REVOKED until it frees the stateid.
+    Revoked,
+}
+
+/// A delegation's particulars.
+#[derive(Debug, Clone)]
+struct Deleg {
+    write: bool,
+    /// The session it was granted on: the recall goes on its backchannel
+    /// (or on another of the client's, if that one is gone).
+    session: SessionId4,
+    /// The file's handle, for CB_RECALL.
+    fh: Bytes,
+    /// When the recall was sent.
+    recalled: Option<Instant>,
+}
+
+/// A delegation to recall: where and what.
+#[derive(Debug, Clone)]
+pub struct Recall {
+    /// The session whose backchannel carries the recall.
+    pub session: SessionId4,
+    /// The delegation.
+    pub stateid: Stateid4,
+    /// The file's handle.
+    pub fh: Bytes,
+}
+
+/// What a conflicting access finds of other clients' delegations.
+#[derive(Debug, Default)]
+pub struct Conflict {
+    /// Delegations whose recall is to be sent now (the first to find them).
+    pub recall: Vec<Recall>,
+    /// Whether any conflicting delegation is still out (recalled, not yet
+    /// returned nor revoked): the access waits (NFS4ERR_DELAY,
+    /// NFS3ERR_JUKEBOX).
+    pub wait: bool,
+    /// Delegations revoked now: their recall went unanswered for a lease.
+    pub revoked: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +178,9 @@ struct Tables {
     /// The lock manager's grace period after a restart (NLM clients
     /// reclaim): new v4 opens and locks wait for it too.
     nlm_grace: Option<Instant>,
+    /// Delegations out (granted, not returned nor revoked): shared with
+    /// [`State4::delegations`], read without the lock.
+    delegs: std::sync::Arc<AtomicUsize>,
 }
 
 /// The grace period after a restart.
@@ -168,6 +220,8 @@ pub struct State4 {
     /// only once a second ([`State4::sweep`]).
     swept_at: AtomicU64,
     epoch: Instant,
+    /// Delegations out (the same counter as `Tables::delegs`).
+    delegs: std::sync::Arc<AtomicUsize>,
 }
 
 /// `State4::swept_at` before the first sweep.
@@ -234,8 +288,10 @@ impl State4 {
             .map_or(1, |d| d.as_secs() as u32 ^ d.subsec_nanos());
         // All ones marks the lock manager's owners ([`NlmOwner`]).
         let boot = if boot == u32::MAX { 1 } else { boot };
+        let tables = Tables::default();
         State4 {
-            t: Mutex::new(Tables::default()),
+            delegs: tables.delegs.clone(),
+            t: Mutex::new(tables),
             lease,
             boot,
             released_any: AtomicBool::new(false),
@@ -454,6 +510,7 @@ impl State4 {
                 renewed: now,
                 reclaim_complete: false,
                 may_reclaim,
+                revoked: 0,
             },
         );
         Ok((id, 1, false))
@@ -615,6 +672,25 @@ impl State4 {
         }
     }
 
+    /// BACKCHANNEL_CTL: the program and credential of the session's calls
+    /// back (a session granted no backchannel has none to change).
+    pub fn set_back_program(
+        &self,
+        sid: &SessionId4,
+        program: u32,
+        cred: nfsrdma_xdr::rpc::OpaqueAuth,
+    ) {
+        if let Some(b) = self
+            .lock()
+            .sessions
+            .get_mut(sid)
+            .and_then(|s| s.back.as_mut())
+        {
+            b.program = program;
+            b.cred = cred;
+        }
+    }
+
     /// What the last call on the session's backchannel found.
     pub fn set_back_path(&self, sid: &SessionId4, path: Path) {
         if let Some(b) = self
@@ -636,12 +712,13 @@ impl State4 {
             .map(|b| b.path)
     }
 
-    /// The next sequence id of the backchannel's slot.
-    pub fn next_back_seq(&self, sid: &SessionId4) -> Option<u32> {
+    /// The next sequence id of the backchannel's slot, and the session's
+    /// minor version.
+    pub fn next_back_seq(&self, sid: &SessionId4) -> Option<(u32, u32)> {
         let mut t = self.lock();
         let b = t.sessions.get_mut(sid)?.back.as_mut()?;
         b.seq = b.seq.wrapping_add(1);
-        Some(b.seq)
+        Some((b.seq, b.minor))
     }
 
     /// Where a call on the session's backchannel goes: the connection, the
@@ -723,8 +800,14 @@ impl State4 {
         } else {
             return Err(Status::SEQ_MISORDERED);
         };
+        let mut out = out;
         if let Some(c) = t.clients.get_mut(&client) {
             c.renewed = now;
+            if c.revoked > 0 {
+                if let SlotCheck::New { status_flags, .. } = &mut out {
+                    *status_flags |= nfsrdma_xdr::nfs4::seq_status::RECALLABLE_STATE_REVOKED;
+                }
+            }
         }
         Ok(out)
     }
@@ -821,6 +904,9 @@ impl State4 {
         let e = t.states.get(&sid.other).ok_or(Status::BAD_STATEID)?;
         if client.is_some_and(|c| c != e.client) || file.is_some_and(|f| f != e.file) {
             return Err(Status::BAD_STATEID);
+        }
+        if matches!(e.kind, Kind::Revoked) {
+            return Err(Status::DELEG_REVOKED);
         }
         if sid.seqid != 0 && sid.seqid != e.seqid {
             return Err(if sid.seqid < e.seqid {
@@ -921,9 +1007,13 @@ impl State4 {
             return if denied { Err(Status::LOCKED) } else { Ok(()) };
         }
         let e = self.check(&t, client, sid, Some(file))?;
-        let open = match e.kind {
+        let open = match &e.kind {
             Kind::Open { .. } => e,
-            Kind::Lock { open } => t.states.get(&open).ok_or(Status::BAD_STATEID)?,
+            Kind::Lock { open } => t.states.get(open).ok_or(Status::BAD_STATEID)?,
+            // A read delegation reads, a write delegation reads and writes.
+            Kind::Deleg(d) if d.write || !write => return Ok(()),
+            Kind::Deleg(_) => return Err(Status::OPENMODE),
+            Kind::Revoked => return Err(Status::DELEG_REVOKED),
         };
         match open.kind {
             Kind::Open { access, .. } if access & want != 0 => {}
@@ -934,6 +1024,194 @@ impl State4 {
         // Mandatory locks are not enforced: byte-range locks are advisory,
         // as on the Linux nfsd.
         Ok(())
+    }
+
+    // ---- delegations ------------------------------------------------------------
+
+    /// Delegations out now (without the lock: a fast "none" for the paths
+    /// that would otherwise look for conflicts on every call).
+    pub fn delegations(&self) -> usize {
+        self.delegs.load(Ordering::Relaxed)
+    }
+
+    /// A delegation of `file` for `client`, granted on `session`, if
+    /// nothing stands against it: a write delegation only when no other
+    /// client has the file open or delegated, a read one when none has it
+    /// open for writing or holds a write delegation; none while a recall
+    /// of the file's delegations is under way, none when the client holds
+    /// one of the file already, and none unless the session's backchannel
+    /// answered its last call (the recall must be able to reach it).
+    pub fn grant_delegation(
+        &self,
+        client: u64,
+        session: &SessionId4,
+        file: FileKey,
+        fh: &[u8],
+        write: bool,
+    ) -> Option<Stateid4> {
+        let mut t = self.lock();
+        let up = t
+            .sessions
+            .get(session)
+            .and_then(|s| s.back.as_ref())
+            .is_some_and(|b| b.path == Path::Up && b.conn().is_some());
+        if !up {
+            return None;
+        }
+        for o in t.by_file.get(&file).into_iter().flatten() {
+            let e = &t.states[o];
+            let blocks = match &e.kind {
+                Kind::Deleg(d) => e.client == client || d.write || write || d.recalled.is_some(),
+                Kind::Open { access, .. } if e.client != client => {
+                    write || access & share::ACCESS_WRITE != 0
+                }
+                _ => false,
+            };
+            if blocks {
+                return None;
+            }
+        }
+        let other = self.new_other(&mut t);
+        t.states.insert(
+            other,
+            StateEntry {
+                client,
+                owner: Bytes::new(),
+                file,
+                seqid: 1,
+                kind: Kind::Deleg(Deleg {
+                    write,
+                    session: *session,
+                    fh: Bytes::copy_from_slice(fh),
+                    recalled: None,
+                }),
+            },
+        );
+        t.by_file.entry(file).or_default().push(other);
+        t.delegs.fetch_add(1, Ordering::Relaxed);
+        Some(Stateid4 { seqid: 1, other })
+    }
+
+    /// The delegations of clients other than `client` (`None`: a caller
+    /// with no NFSv4 client, NFSv3) that an access to `file` conflicts
+    /// with: any delegation for a write (or a change of the file's name or
+    /// attributes), a write delegation for a read. Each is marked recalled
+    /// the first time; one recalled more than a lease ago is revoked.
+    pub fn delegation_conflict(
+        &self,
+        client: Option<u64>,
+        file: FileKey,
+        write: bool,
+        now: Instant,
+    ) -> Conflict {
+        let mut out = Conflict::default();
+        if self.delegations() == 0 {
+            return out;
+        }
+        let mut t = self.lock();
+        let Some(list) = t.by_file.get(&file).cloned() else {
+            return out;
+        };
+        let mut revoke = Vec::new();
+        for o in list {
+            let e = t.states.get_mut(&o).expect("listed by file");
+            let Kind::Deleg(d) = &mut e.kind else {
+                continue;
+            };
+            if Some(e.client) == client || !(write || d.write) {
+                continue;
+            }
+            match d.recalled {
+                None => {
+                    d.recalled = Some(now);
+                    out.recall.push(Recall {
+                        session: d.session,
+                        stateid: Stateid4 {
+                            seqid: e.seqid,
+                            other: o,
+                        },
+                        fh: d.fh.clone(),
+                    });
+                    out.wait = true;
+                }
+                Some(at) if now.saturating_duration_since(at) > self.lease => revoke.push(o),
+                Some(_) => out.wait = true,
+            }
+        }
+        for o in revoke {
+            self.revoke(&mut t, &o);
+            out.revoked += 1;
+        }
+        // The session the recall goes on: the one the delegation came
+        // with, or another of the client's with a backchannel.
+        for r in &mut out.recall {
+            let has_back = |s: &Session| s.back.as_ref().is_some_and(|b| b.conn().is_some());
+            if !t.sessions.get(&r.session).is_some_and(has_back) {
+                let client = t.states[&r.stateid.other].client;
+                if let Some((sid, _)) = t
+                    .sessions
+                    .iter()
+                    .find(|(_, s)| s.client == client && has_back(s))
+                {
+                    r.session = *sid;
+                }
+            }
+        }
+        out
+    }
+
+    /// Revokes a delegation: the stateid stays, as revoked, until its
+    /// client frees it.
+    fn revoke(&self, t: &mut Tables, other: &[u8; 12]) {
+        let Some(e) = t.states.get_mut(other) else {
+            return;
+        };
+        if !matches!(e.kind, Kind::Deleg(_)) {
+            return;
+        }
+        e.kind = Kind::Revoked;
+        let (client, file) = (e.client, e.file);
+        t.delegs.fetch_sub(1, Ordering::Relaxed);
+        if let Some(v) = t.by_file.get_mut(&file) {
+            v.retain(|o| o != other);
+            if v.is_empty() {
+                t.by_file.remove(&file);
+            }
+        }
+        if let Some(c) = t.clients.get_mut(&client) {
+            c.revoked += 1;
+        }
+        tracing::info!(
+            clientid = format_args!("{client:#x}"),
+            "NFSv4 delegation revoked: its recall went unanswered for a lease"
+        );
+    }
+
+    /// DELEGRETURN: the delegation goes.
+    pub fn delegreturn(&self, client: u64, sid: &Stateid4, file: FileKey) -> Result<(), Status> {
+        let mut t = self.lock();
+        let e = self.check(&t, Some(client), sid, Some(file))?;
+        if !matches!(e.kind, Kind::Deleg(_)) {
+            return Err(Status::BAD_STATEID);
+        }
+        remove_state(&mut t, &sid.other);
+        Ok(())
+    }
+
+    /// Whether `sid` is a delegation of `client` for `file` (an OPEN that
+    /// claims it: CLAIM_DELEGATE_CUR, CLAIM_DELEG_CUR_FH).
+    pub fn holds_delegation(
+        &self,
+        client: u64,
+        sid: &Stateid4,
+        file: FileKey,
+    ) -> Result<(), Status> {
+        let t = self.lock();
+        let e = self.check(&t, Some(client), sid, Some(file))?;
+        match e.kind {
+            Kind::Deleg(_) => Ok(()),
+            _ => Err(Status::BAD_STATEID),
+        }
     }
 
     // ---- byte-range locks ------------------------------------------------------
@@ -1101,6 +1379,17 @@ impl State4 {
     /// freed by CLOSE: NFS4ERR_LOCKS_HELD for one with locks, else it goes).
     pub fn free_stateid(&self, client: u64, sid: &Stateid4) -> Result<(), Status> {
         let mut t = self.lock();
+        // A revoked delegation: freeing it is how the client says it knows.
+        if t.states
+            .get(&sid.other)
+            .is_some_and(|e| e.client == client && matches!(e.kind, Kind::Revoked))
+        {
+            t.states.remove(&sid.other);
+            if let Some(c) = t.clients.get_mut(&client) {
+                c.revoked = c.revoked.saturating_sub(1);
+            }
+            return Ok(());
+        }
         let e = self.check(
             &t,
             Some(client),
@@ -1121,6 +1410,9 @@ impl State4 {
                 }
             }
             Kind::Open { .. } => return Err(Status::LOCKS_HELD),
+            // Returned with DELEGRETURN, not freed.
+            Kind::Deleg(_) => return Err(Status::LOCKS_HELD),
+            Kind::Revoked => unreachable!("revoked stateids are freed above"),
         }
         remove_state(&mut t, &sid.other);
         self.note_released(&t);
@@ -1400,6 +1692,9 @@ fn set_range(
 
 fn remove_state(t: &mut Tables, other: &[u8; 12]) {
     if let Some(e) = t.states.remove(other) {
+        if matches!(e.kind, Kind::Deleg(_)) {
+            t.delegs.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(v) = t.by_file.get_mut(&e.file) {
             v.retain(|o| o != other);
             if v.is_empty() {

@@ -1,0 +1,467 @@
+//! NFSv4.1 delegations over TCP (RFC 8881 §10.2, §10.4), from raw
+//! clients that answer the server's calls on their backchannel: read and
+//! write delegations at OPEN, recalled (CB_RECALL) by another client's
+//! conflicting OPEN and by NFSv3 access, returned with DELEGRETURN after
+//! the holder's own opens move to the server (CLAIM_DELEG_CUR_FH), and
+//! revoked when the recall goes unanswered for a lease.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::nfs4::*;
+use common::*;
+use nfsrdma_server::service::nfs4::callback::Path;
+use nfsrdma_server::service::nfs4::Nfs4Config;
+use nfsrdma_server::service::ServiceConfig;
+use nfsrdma_server::tcp::TcpConfig;
+use nfsrdma_xdr::nfs3::{self, Data, NfsFh3};
+use nfsrdma_xdr::nfs4::cb::{CbArgOp, CbCompoundArgs, CbCompoundRes, CbResOp, CbSequenceResOk};
+use nfsrdma_xdr::nfs4::ops::*;
+use nfsrdma_xdr::nfs4::*;
+use nfsrdma_xdr::{Decoder, Xdr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const EXPORTS: &str = "/export *(rw,no_root_squash,insecure)";
+const WANT_NO_DELEG: u32 = 0x0400;
+
+fn server(delegations: bool) -> TestServer {
+    TestServer::with_config(
+        EXPORTS,
+        TcpConfig::default(),
+        ServiceConfig {
+            nfs4: Nfs4Config {
+                lease: Duration::from_secs(10),
+                delegations,
+                ..Nfs4Config::default()
+            },
+            ..ServiceConfig::default()
+        },
+    )
+}
+
+/// A client with a backchannel whose probe the server has seen answered
+/// (delegations need it), recording the delegations recalled from it and
+/// answering CB_RECALL with NFS4_OK.
+fn client(srv: &TestServer, owner: &'static str) -> (V4, Arc<Mutex<Vec<Stateid4>>>) {
+    let mut v = V4::with_back(srv.addr, owner);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while srv.service.nfs4().state.back_path(&v.sid) != Some(Path::Up) {
+        assert!(Instant::now() < deadline, "the probe's answer was not seen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let recalled: Arc<Mutex<Vec<Stateid4>>> = Arc::default();
+    let log = recalled.clone();
+    v.c.cb_reply = Some(Box::new(move |args: &[u8]| {
+        let a = CbCompoundArgs::decode(&mut Decoder::new(Bytes::copy_from_slice(args))).unwrap();
+        let CbArgOp::Sequence(s) = &a.ops[0] else {
+            panic!("{a:?}")
+        };
+        let mut results = vec![CbResOp::Sequence(Ok(CbSequenceResOk {
+            sessionid: s.sessionid,
+            sequenceid: s.sequenceid,
+            slotid: s.slotid,
+            highest_slotid: 0,
+            target_highest_slotid: 0,
+        }))];
+        for op in &a.ops[1..] {
+            match op {
+                CbArgOp::Recall(r) => {
+                    log.lock().unwrap().push(r.stateid);
+                    results.push(CbResOp::Recall(Status::OK));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut b = BytesMut::new();
+        CbCompoundRes {
+            status: Status::OK,
+            tag: a.tag.clone(),
+            results,
+        }
+        .encode(&mut b);
+        b.to_vec()
+    }));
+    (v, recalled)
+}
+
+fn open_args(v: &V4, name: &str, access: u32, create: bool) -> ArgOp {
+    ArgOp::Open(OpenArgs {
+        seqid: 0,
+        share_access: access,
+        share_deny: 0,
+        owner: StateOwner4 {
+            clientid: v.clientid,
+            owner: Opaque4(Bytes::from_static(v.owner.as_bytes())),
+        },
+        openhow: create.then(|| CreateHow4::Unchecked(attr::SetAttrs::default().to_fattr())),
+        claim: OpenClaim4::Null(Utf8Str(Bytes::copy_from_slice(name.as_bytes()))),
+    })
+}
+
+/// OPEN of /export/`name`: the whole reply (SEQUENCE, PUTROOTFH, LOOKUP,
+/// OPEN, GETFH).
+fn open(v: &mut V4, name: &str, access: u32, create: bool) -> Compound4Res {
+    let op = open_args(v, name, access, create);
+    run(
+        v,
+        vec![
+            ArgOp::Putrootfh,
+            ArgOp::Lookup("export".into()),
+            op,
+            ArgOp::Getfh,
+        ],
+    )
+}
+
+fn opened(r: &Compound4Res) -> (OpenResOk, Fh4) {
+    let (ResOp::Open(Ok(o)), ResOp::Getfh(Ok(fh))) = (&r.results[3], &r.results[4]) else {
+        panic!("{r:?}")
+    };
+    (o.clone(), fh.clone())
+}
+
+/// SEQUENCE and `ops`, whatever SEQUENCE's status flags (`V4::run`
+/// wants none).
+fn run(v: &mut V4, ops: Vec<ArgOp>) -> Compound4Res {
+    let mut all = vec![v.seq_op(0, false)];
+    all.extend(ops);
+    compound(&mut v.c, 2, "", all)
+}
+
+/// SEQUENCE alone: its status flags.
+fn flags(v: &mut V4) -> u32 {
+    match &run(v, vec![]).results[0] {
+        ResOp::Sequence(Ok(s)) => s.status_flags,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn read(v: &mut V4, fh: &Fh4, sid: Stateid4) -> Status {
+    run(
+        v,
+        vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Read(ReadArgs {
+                stateid: sid,
+                offset: 0,
+                count: 100,
+            }),
+        ],
+    )
+    .status
+}
+
+fn write(v: &mut V4, fh: &Fh4, sid: Stateid4, data: &[u8]) -> Status {
+    run(
+        v,
+        vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Write(WriteArgs {
+                stateid: sid,
+                offset: 0,
+                stable: StableHow4::FileSync,
+                data: Data::new(data.to_vec()),
+            }),
+        ],
+    )
+    .status
+}
+
+fn delegreturn(v: &mut V4, fh: &Fh4, sid: Stateid4) -> Status {
+    run(v, vec![ArgOp::Putfh(fh.clone()), ArgOp::Delegreturn(sid)]).status
+}
+
+/// Waits for the server's next call on `v`'s connection (answered there).
+fn take_call(v: &mut V4) {
+    assert!(
+        v.c.next_call(Duration::from_secs(10)).is_some(),
+        "no call from the server"
+    );
+}
+
+#[test]
+fn read_delegations_are_recalled_by_another_clients_open_for_writing_and_returned() {
+    let srv = server(true);
+    let stats = &srv.service.nfs4().delegs;
+    let (mut a, a_recalls) = client(&srv, "a");
+    let (mut b, b_recalls) = client(&srv, "b");
+    let (mut c, _) = client(&srv, "c");
+    // A creates the file, open for reading only: a read delegation.
+    let (oa, fh) = opened(&open(&mut a, "f", share::ACCESS_READ, true));
+    let OpenDelegation4::Read(da, false, _) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    // B opens it for reading too: reads do not conflict, B gets one too.
+    let (ob, _) = opened(&open(&mut b, "f", share::ACCESS_READ, false));
+    let OpenDelegation4::Read(db, false, _) = ob.delegation else {
+        panic!("{:?}", ob.delegation)
+    };
+    // A delegation stateid reads; a read delegation does not write.
+    assert_eq!(read(&mut a, &fh, da), Status::OK);
+    assert_eq!(write(&mut a, &fh, da, b"x"), Status::OPENMODE);
+    // C opens for writing: both are recalled, C waits (NFS4ERR_DELAY).
+    let r = open(&mut c, "f", share::ACCESS_BOTH, false);
+    assert_eq!(r.status, Status::DELAY, "{r:?}");
+    take_call(&mut a);
+    take_call(&mut b);
+    assert_eq!(*a_recalls.lock().unwrap(), vec![da]);
+    assert_eq!(*b_recalls.lock().unwrap(), vec![db]);
+    // Asking again sends no second recall, and C still waits.
+    assert_eq!(
+        open(&mut c, "f", share::ACCESS_BOTH, false).status,
+        Status::DELAY
+    );
+    // B moves its open under the delegation to the server first
+    // (CLAIM_DELEG_CUR_FH), then both return their delegations.
+    let r = b.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Open(OpenArgs {
+            claim: OpenClaim4::DelegCurFh(db),
+            ..match open_args(&b, "f", share::ACCESS_READ, false) {
+                ArgOp::Open(o) => o,
+                _ => unreachable!(),
+            }
+        }),
+    ]);
+    let ResOp::Open(Ok(o)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(o.delegation, OpenDelegation4::None);
+    assert_eq!(delegreturn(&mut b, &fh, db), Status::OK);
+    assert_eq!(
+        open(&mut c, "f", share::ACCESS_BOTH, false).status,
+        Status::DELAY,
+        "A's delegation is still out"
+    );
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::BAD_STATEID);
+    // Now C's open proceeds, without a delegation: A and B have it open.
+    let (oc, _) = opened(&open(&mut c, "f", share::ACCESS_BOTH, false));
+    assert_eq!(oc.delegation, OpenDelegation4::None);
+    assert_eq!(write(&mut c, &fh, oc.stateid, b"from c"), Status::OK);
+    let s = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    assert_eq!(
+        (
+            s(&stats.granted_read),
+            s(&stats.granted_write),
+            s(&stats.recalled),
+            s(&stats.returned),
+            s(&stats.revoked)
+        ),
+        (2, 0, 2, 2, 0)
+    );
+    let report = srv.service.report();
+    assert!(
+        report.contains("nfs4 delegations: granted read 2, write 0, recalled 2 (failed 0), returned 2, revoked 0"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_write_delegation_is_recalled_by_nfsv3_reads_writes_and_removes() {
+    let srv = server(true);
+    let (mut a, recalls) = client(&srv, "writer");
+    let (oa, fh) = opened(&open(&mut a, "g", share::ACCESS_BOTH, true));
+    let OpenDelegation4::Write(da, false, SpaceLimit4::Size(_), _) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    assert_eq!(write(&mut a, &fh, da, b"under the delegation"), Status::OK);
+    // Over NFSv3 (the same handle), a READ waits for the recall
+    // (NFS3ERR_JUKEBOX): the data may be cached at the holder.
+    let mut c3 = RawClient::connect(srv.addr);
+    let f3 = NfsFh3(fh.0.clone());
+    let read3 = |c3: &mut RawClient| match c3.nfs(nfs3::Nfs3Args::Read(nfs3::Read3Args {
+        file: f3.clone(),
+        offset: 0,
+        count: 100,
+    })) {
+        nfs3::Nfs3Res::Read(nfs3::NfsResult::Ok(ok)) => Ok(ok.data.0.to_contiguous().to_vec()),
+        nfs3::Nfs3Res::Read(nfs3::NfsResult::Err(e, _)) => Err(e),
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(read3(&mut c3), Err(nfs3::NfsStat3::Jukebox));
+    take_call(&mut a);
+    assert_eq!(*recalls.lock().unwrap(), vec![da]);
+    assert_eq!(read3(&mut c3), Err(nfs3::NfsStat3::Jukebox));
+    // The holder writes back what it cached, returns the delegation; the
+    // v3 READ then proceeds and sees it.
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    assert_eq!(read3(&mut c3).unwrap(), b"under the delegation");
+
+    // A new write delegation (A closes and opens again), then an NFSv3
+    // REMOVE of the file's name: recalled too.
+    let r = a.run(vec![
+        ArgOp::Putfh(fh.clone()),
+        ArgOp::Close(CloseArgs {
+            seqid: 0,
+            open_stateid: oa.stateid,
+        }),
+    ]);
+    assert_eq!(r.status, Status::OK);
+    let (oa, _) = opened(&open(&mut a, "g", share::ACCESS_BOTH, false));
+    let OpenDelegation4::Write(da, ..) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    let root3 = c3.mount("/export");
+    let remove3 = |c3: &mut RawClient| match c3.nfs(nfs3::Nfs3Args::Remove(nfs3::Remove3Args {
+        object: nfs3::DirOpArgs3 {
+            dir: root3.clone(),
+            name: "g".into(),
+        },
+    })) {
+        nfs3::Nfs3Res::Remove(nfs3::NfsResult::Ok(_)) => Ok(()),
+        nfs3::Nfs3Res::Remove(nfs3::NfsResult::Err(e, _)) => Err(e),
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(remove3(&mut c3), Err(nfs3::NfsStat3::Jukebox));
+    take_call(&mut a);
+    assert_eq!(recalls.lock().unwrap().last(), Some(&da));
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    assert_eq!(remove3(&mut c3), Ok(()));
+}
+
+#[test]
+fn a_delegation_whose_recall_goes_unanswered_is_revoked_after_a_lease() {
+    let srv = server(true);
+    let (mut a, _) = client(&srv, "silent holder");
+    let (mut c, _) = client(&srv, "waiting");
+    let (oa, fh) = opened(&open(&mut a, "h", share::ACCESS_READ, true));
+    let OpenDelegation4::Read(da, ..) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    // A stops answering its backchannel (it still renews its lease).
+    a.c.answer_calls = false;
+    let t0 = Instant::now();
+    let oc = loop {
+        let r = open(&mut c, "h", share::ACCESS_BOTH, false);
+        if r.status == Status::OK {
+            break opened(&r).0;
+        }
+        assert_eq!(r.status, Status::DELAY, "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "never revoked");
+        flags(&mut a);
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    // Not before the lease (10 s) since the recall.
+    assert!(
+        t0.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(write(&mut c, &fh, oc.stateid, b"c's"), Status::OK);
+    // A learns it: SEQUENCE says so until A frees the stateid, which
+    // answers DELEG_REVOKED meanwhile.
+    let revoked = seq_status::RECALLABLE_STATE_REVOKED;
+    assert_ne!(flags(&mut a) & revoked, 0);
+    assert_eq!(read(&mut a, &fh, da), Status::DELEG_REVOKED);
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::DELEG_REVOKED);
+    assert_eq!(run(&mut a, vec![ArgOp::FreeStateid(da)]).status, Status::OK);
+    assert_eq!(flags(&mut a) & revoked, 0);
+    let stats = &srv.service.nfs4().delegs;
+    assert_eq!(stats.revoked.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.recall_failed.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn no_delegation_when_turned_off_unwanted_or_without_a_working_backchannel() {
+    // --delegations off.
+    let srv = server(false);
+    let (mut a, _) = client(&srv, "off");
+    let (o, _) = opened(&open(&mut a, "f", share::ACCESS_READ, true));
+    assert_eq!(o.delegation, OpenDelegation4::None);
+
+    let srv = server(true);
+    // OPEN4_SHARE_ACCESS_WANT_NO_DELEG: none, and the reply says why.
+    let (mut a, _) = client(&srv, "unwanted");
+    let (o, _) = opened(&open(&mut a, "f", share::ACCESS_READ | WANT_NO_DELEG, true));
+    assert_eq!(o.delegation, OpenDelegation4::NoneExt(0));
+    // A session with no backchannel gets none.
+    let mut n = V4::new(srv.addr, "no backchannel");
+    let (o, _) = opened(&open(&mut n, "g", share::ACCESS_READ, true));
+    assert_eq!(o.delegation, OpenDelegation4::None);
+    // Nor one whose backchannel connection is gone.
+    let mut s = V4::with_back(srv.addr, "gone");
+    drop(std::mem::replace(&mut s.c, RawClient::connect(srv.addr)));
+    let (o, _) = opened(&open(&mut s, "h", share::ACCESS_READ, true));
+    assert_eq!(o.delegation, OpenDelegation4::None);
+    assert_eq!(
+        srv.service
+            .nfs4()
+            .delegs
+            .granted_read
+            .load(Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn another_clients_getattr_and_lock_test_recall_a_write_delegation() {
+    let srv = server(true);
+    let (mut a, recalls) = client(&srv, "holder");
+    let (mut b, _) = client(&srv, "asker");
+    let (oa, fh) = opened(&open(&mut a, "k", share::ACCESS_BOTH, true));
+    let OpenDelegation4::Write(da, ..) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    // A's own GETATTR is answered: it is the holder.
+    let getattr = |v: &mut V4| {
+        run(
+            v,
+            vec![
+                ArgOp::Putfh(fh.clone()),
+                ArgOp::Getattr(Bitmap4::from_bits([attr::n::SIZE])),
+            ],
+        )
+        .status
+    };
+    assert_eq!(getattr(&mut a), Status::OK);
+    // B's: the size may be cached at A, so A is asked for the delegation.
+    assert_eq!(getattr(&mut b), Status::DELAY);
+    take_call(&mut a);
+    assert_eq!(*recalls.lock().unwrap(), vec![da]);
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    assert_eq!(getattr(&mut b), Status::OK);
+    // A new one (A opens again under another owner); B's LOCKT: A may
+    // hold byte-range locks of its own locally.
+    let r = run(
+        &mut a,
+        vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Close(CloseArgs {
+                seqid: 0,
+                open_stateid: oa.stateid,
+            }),
+        ],
+    );
+    assert_eq!(r.status, Status::OK);
+    let (oa, _) = opened(&open(&mut a, "k", share::ACCESS_BOTH, false));
+    let OpenDelegation4::Write(da, ..) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    let lockt = |v: &mut V4| {
+        let owner = StateOwner4 {
+            clientid: v.clientid,
+            owner: Opaque4(Bytes::from_static(b"tester")),
+        };
+        run(
+            v,
+            vec![
+                ArgOp::Putfh(fh.clone()),
+                ArgOp::Lockt(LocktArgs {
+                    locktype: LockType4::Read,
+                    offset: 0,
+                    length: u64::MAX,
+                    owner,
+                }),
+            ],
+        )
+        .status
+    };
+    assert_eq!(lockt(&mut b), Status::DELAY);
+    take_call(&mut a);
+    assert_eq!(recalls.lock().unwrap().last(), Some(&da));
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    assert_eq!(lockt(&mut b), Status::OK);
+}
