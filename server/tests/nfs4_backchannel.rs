@@ -8,6 +8,7 @@ mod common;
 
 use common::nfs4::*;
 use common::*;
+use nfsrdma_server::service::nfs4::callback::Path;
 use nfsrdma_server::service::nfs4::Nfs4Config;
 use nfsrdma_server::service::ServiceConfig;
 use nfsrdma_server::tcp::TcpConfig;
@@ -57,6 +58,15 @@ fn flags_until(v: &mut V4, want: u32) -> u32 {
             return f;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the server has seen the session's probe answered.
+fn wait_up(srv: &TestServer, v: &V4) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while srv.service.nfs4().state.back_path(&v.sid) != Some(Path::Up) {
+        assert!(Instant::now() < deadline, "the probe's answer was not seen");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -126,7 +136,8 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
     let b = bind(&mut v, 7).expect("BIND_CONN_TO_SESSION back or both");
     assert_eq!(b.dir, 3, "bound to both channels");
     assert_cb_null(v.c.next_call(Duration::from_secs(10)));
-    assert_eq!(flags_until(&mut v, 0), 0);
+    wait_up(&srv, &v);
+    assert_eq!(flags(&mut v), 0);
     let s = cb.stats();
     assert_eq!(
         (
@@ -143,6 +154,19 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
         "{}",
         srv.service.report()
     );
+    let metrics = nfsrdma_server::exporter::Sources {
+        service: srv.service.clone(),
+        tcp: None,
+        rdma: None,
+    }
+    .render();
+    for line in [
+        "nfsrdmad_nfs4_callbacks_sent_total 2",
+        "nfsrdmad_nfs4_callbacks_answered_total 1",
+        "nfsrdmad_nfs4_callbacks_failed_total 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }
 
 #[test]
@@ -161,7 +185,8 @@ fn a_session_whose_backchannel_connection_ended_reports_it_until_another_is_boun
     let b = bind(&mut v, 3).expect("BIND_CONN_TO_SESSION fore or both");
     assert_eq!(b.dir, 3);
     assert_cb_null(v.c.next_call(Duration::from_secs(10)));
-    assert_eq!(flags_until(&mut v, 0), 0);
+    wait_up(&srv, &v);
+    assert_eq!(flags(&mut v), 0);
     // Calls go on as before on B.
     let r = v.run(vec![ArgOp::Putrootfh, ArgOp::Getfh]);
     assert_eq!(r.status, Status::OK);

@@ -214,17 +214,22 @@ fn read_delegations_are_recalled_by_another_clients_open_for_writing_and_returne
         Status::DELAY
     );
     // B moves its open under the delegation to the server first
-    // (CLAIM_DELEG_CUR_FH), then both return their delegations.
-    let r = b.run(vec![
-        ArgOp::Putfh(fh.clone()),
-        ArgOp::Open(OpenArgs {
-            claim: OpenClaim4::DelegCurFh(db),
-            ..match open_args(&b, "f", share::ACCESS_READ, false) {
-                ArgOp::Open(o) => o,
-                _ => unreachable!(),
-            }
-        }),
-    ]);
+    // (CLAIM_DELEG_CUR_FH: with A's delegation it may not), then both
+    // return their delegations.
+    let claim = |b: &mut V4, sid: Stateid4| {
+        b.run(vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Open(OpenArgs {
+                claim: OpenClaim4::DelegCurFh(sid),
+                ..match open_args(b, "f", share::ACCESS_READ, false) {
+                    ArgOp::Open(o) => o,
+                    _ => unreachable!(),
+                }
+            }),
+        ])
+    };
+    assert_eq!(claim(&mut b, da).status, Status::BAD_STATEID);
+    let r = claim(&mut b, db);
     let ResOp::Open(Ok(o)) = &r.results[2] else {
         panic!("{r:?}")
     };
@@ -257,6 +262,20 @@ fn read_delegations_are_recalled_by_another_clients_open_for_writing_and_returne
         report.contains("nfs4 delegations: granted read 2, write 0, recalled 2 (failed 0), returned 2, revoked 0"),
         "{report}"
     );
+    let metrics = nfsrdma_server::exporter::Sources {
+        service: srv.service.clone(),
+        tcp: None,
+        rdma: None,
+    }
+    .render();
+    for line in [
+        "nfsrdmad_nfs4_delegations_granted_read_total 2",
+        "nfsrdmad_nfs4_delegations_recalled_total 2",
+        "nfsrdmad_nfs4_delegations_returned_total 2",
+        "nfsrdmad_nfs4_delegations_revoked_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }
 
 #[test]
@@ -384,6 +403,15 @@ fn no_delegation_when_turned_off_unwanted_or_without_a_working_backchannel() {
     // Nor one whose backchannel connection is gone.
     let mut s = V4::with_back(srv.addr, "gone");
     drop(std::mem::replace(&mut s.c, RawClient::connect(srv.addr)));
+    // Once the server has seen the connection close (SEQUENCE says so).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while flags(&mut s) & seq_status::CB_PATH_DOWN_SESSION == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection was not seen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (o, _) = opened(&open(&mut s, "h", share::ACCESS_READ, true));
     assert_eq!(o.delegation, OpenDelegation4::None);
     assert_eq!(

@@ -277,6 +277,41 @@ impl Collector for Sources {
             "Calls to NFSv4.1 clients answered with RPC success",
             load(&cb.answered),
         )?;
+        let dl = &self.service.nfs4().delegs;
+        for (name, help, v) in [
+            (
+                "nfs4_delegations_granted_read",
+                "NFSv4.1 read delegations granted",
+                &dl.granted_read,
+            ),
+            (
+                "nfs4_delegations_granted_write",
+                "NFSv4.1 write delegations granted",
+                &dl.granted_write,
+            ),
+            (
+                "nfs4_delegations_recalled",
+                "NFSv4.1 delegations recalled (CB_RECALL sent)",
+                &dl.recalled,
+            ),
+            (
+                "nfs4_delegations_recall_failed",
+                "NFSv4.1 recalls that failed (no backchannel, no answer, an error)",
+                &dl.recall_failed,
+            ),
+            (
+                "nfs4_delegations_returned",
+                "NFSv4.1 delegations returned (DELEGRETURN)",
+                &dl.returned,
+            ),
+            (
+                "nfs4_delegations_revoked",
+                "NFSv4.1 delegations revoked: their recall went unanswered for a lease",
+                &dl.revoked,
+            ),
+        ] {
+            counter(&mut e, name, help, load(v))?;
+        }
         counter(
             &mut e,
             "nfs4_callbacks_failed",
