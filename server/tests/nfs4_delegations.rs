@@ -380,7 +380,16 @@ fn a_delegation_whose_recall_goes_unanswered_is_revoked_after_a_lease() {
     assert_eq!(flags(&mut a) & revoked, 0);
     let stats = &srv.service.nfs4().delegs;
     assert_eq!(stats.revoked.load(Ordering::Relaxed), 1);
-    assert_eq!(stats.recall_failed.load(Ordering::Relaxed), 1);
+    // Each recall that went unanswered (a second's timeout, with a lease
+    // of 10 s) was sent again at C's next try.
+    let (recalled, failed) = (
+        stats.recalled.load(Ordering::Relaxed),
+        stats.recall_failed.load(Ordering::Relaxed),
+    );
+    assert!(
+        recalled >= 3 && failed >= 2,
+        "recalled {recalled}, failed {failed}"
+    );
 }
 
 #[test]

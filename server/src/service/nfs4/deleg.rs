@@ -184,6 +184,8 @@ impl Service {
                 fh: Fh4(r.fh.clone()),
             });
             let stats = self.nfs4.delegs.clone();
+            let state = self.nfs4.state.clone();
+            let other = r.stateid.other;
             self.nfs4.callbacks.compound(r.session, vec![op], move |res| {
                 let failed = match &res {
                     Ok(res) => !matches!(res.results.get(1), Some(CbResOp::Recall(s)) if s.is_ok()),
@@ -191,7 +193,8 @@ impl Service {
                 };
                 if failed {
                     stats.recall_failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(result = ?res, "CB_RECALL failed: the delegation is revoked a lease after the recall unless returned");
+                    state.recall_failed(&other);
+                    tracing::info!(result = ?res, "CB_RECALL failed: sent again at the next conflicting call; the delegation is revoked a lease after the first recall unless returned");
                 }
             });
         }

@@ -113,8 +113,11 @@ struct Deleg {
     session: SessionId4,
     /// The file's handle, for CB_RECALL.
     fh: Bytes,
-    /// When the recall was sent.
+    /// When the recall was first sent.
     recalled: Option<Instant>,
+    /// Whether the last recall sent failed: the next conflicting call
+    /// sends it again.
+    resend: bool,
 }
 
 /// A delegation to recall: where and what.
@@ -1084,6 +1087,7 @@ impl State4 {
                     session: *session,
                     fh: Bytes::copy_from_slice(fh),
                     recalled: None,
+                    resend: false,
                 }),
             },
         );
@@ -1121,22 +1125,25 @@ impl State4 {
             if Some(e.client) == client || !(write || d.write) {
                 continue;
             }
-            match d.recalled {
-                None => {
-                    d.recalled = Some(now);
-                    out.recall.push(Recall {
-                        session: d.session,
-                        stateid: Stateid4 {
-                            seqid: e.seqid,
-                            other: o,
-                        },
-                        fh: d.fh.clone(),
-                    });
-                    out.wait = true;
-                }
-                Some(at) if now.saturating_duration_since(at) > self.lease => revoke.push(o),
-                Some(_) => out.wait = true,
+            if d.recalled
+                .is_some_and(|at| now.saturating_duration_since(at) > self.lease)
+            {
+                revoke.push(o);
+                continue;
             }
+            if d.recalled.is_none() || d.resend {
+                d.recalled = d.recalled.or(Some(now));
+                d.resend = false;
+                out.recall.push(Recall {
+                    session: d.session,
+                    stateid: Stateid4 {
+                        seqid: e.seqid,
+                        other: o,
+                    },
+                    fh: d.fh.clone(),
+                });
+            }
+            out.wait = true;
         }
         for o in revoke {
             self.revoke(&mut t, &o);
@@ -1158,6 +1165,19 @@ impl State4 {
             }
         }
         out
+    }
+
+    /// A recall of the delegation `other` failed (no backchannel, no
+    /// answer, an error): the next conflicting call sends it again. The
+    /// lease after the first recall still runs.
+    pub fn recall_failed(&self, other: &[u8; 12]) {
+        if let Some(StateEntry {
+            kind: Kind::Deleg(d),
+            ..
+        }) = self.lock().states.get_mut(other)
+        {
+            d.resend = true;
+        }
     }
 
     /// Revokes a delegation: the stateid stays, as revoked, until its
