@@ -674,3 +674,82 @@ fn kernel_client_holds_a_write_delegation_over_tcp_until_nfsv3_writes_the_file()
     let cb = report_numbers(&report, "nfs4 backchannel: ");
     assert_eq!(cb[2], 0, "no call back failed: {cb:?}");
 }
+
+/// Removes the network namespace and link of the two-client test.
+struct SecondClientNet;
+
+impl Drop for SecondClientNet {
+    fn drop(&mut self) {
+        sh_quiet("umount -f -l /mnt/db 2>/dev/null; umount -f -l /mnt/da 2>/dev/null; ip link del vdeleg0 2>/dev/null; ip netns del nfsdeleg 2>/dev/null");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_second_kernel_clients_open_for_writing_recalls_the_first_ones_delegation() {
+    common::kernel::in_vm(&["nfsv4"]);
+    let a = addr();
+    let d = Daemon::start(&["--lease", "15"]);
+    // Client B: the kernel client of a network namespace of its own, with
+    // its own client identifier and host name (so a client of its own to
+    // the server), behind a veth pair.
+    sh_quiet("umount -f -l /mnt/db 2>/dev/null; ip link del vdeleg0 2>/dev/null; ip netns del nfsdeleg 2>/dev/null");
+    let _net = SecondClientNet;
+    sh(
+        "ip netns add nfsdeleg && ip link add vdeleg0 type veth peer name vdeleg1 && \
+        ip link set vdeleg1 netns nfsdeleg && ip addr add 10.96.0.1/24 dev vdeleg0 && \
+        ip link set vdeleg0 up && \
+        ip netns exec nfsdeleg sh -c 'ip addr add 10.96.0.2/24 dev vdeleg1 && \
+        ip link set vdeleg1 up && ip link set lo up && ip route add default via 10.96.0.1; \
+        echo -n nfsrdma-test-client-b > /sys/fs/nfs/net/nfs_client/identifier 2>/dev/null; true'",
+    );
+    mount(&format!("{a}:/export"), "/mnt/da", "vers=4.2,proto=tcp");
+    sh(&format!(
+        "mkdir -p /mnt/db && nsenter --net=/run/netns/nfsdeleg unshare --uts sh -c \
+         'hostname nfs-client-b && timeout 120 mount -t nfs -o vers=4.2,proto=tcp,port=2049 {a}:/export /mnt/db'"
+    ));
+    // A writes the file and keeps it open for reading: it holds a
+    // delegation, and reads from its cache.
+    let first = data(200_000, 31);
+    std::fs::write("/mnt/da/shared", &first).unwrap();
+    let held = std::fs::File::open("/mnt/da/shared").unwrap();
+    assert!(std::fs::read("/mnt/da/shared").unwrap() == first);
+    assert_eq!(op_count("/mnt/da", "DELEGRETURN"), 0);
+    // B opens it for writing: A's delegation is recalled over A's TCP
+    // backchannel; A moves its open to the server, flushes and returns
+    // it; B's OPEN, answered NFS4ERR_DELAY meanwhile, goes through.
+    let second = data(8192, 32);
+    let t0 = std::time::Instant::now();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/mnt/db/shared")
+            .unwrap();
+        f.write_all(&second).unwrap();
+        f.sync_all().unwrap();
+    }
+    eprintln!(
+        "B's open and write went through {:.1} s after B began",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(op_count("/mnt/da", "DELEGRETURN") >= 1);
+    // A sees B's bytes at its next open, and its own after them.
+    let got = std::fs::read("/mnt/da/shared").unwrap();
+    assert_eq!(got.len(), first.len());
+    assert!(got[..8192] == second[..], "B's bytes seen by A");
+    assert!(got[8192..] == first[8192..], "A's bytes after them");
+    drop(held);
+    sh("timeout 60 umount /mnt/db; timeout 60 umount /mnt/da");
+    let (ok, report) = d.stop();
+    assert!(ok, "nfsrdmad did not exit cleanly:\n{report}");
+    eprintln!("{report}");
+    // granted read, write, recalled, failed, returned, revoked
+    let n = report_numbers(&report, "nfs4 delegations: ");
+    assert!(
+        n[0] + n[1] >= 1 && n[2] >= 1 && n[3] == 0 && n[4] >= 1 && n[5] == 0,
+        "delegations: {n:?}"
+    );
+    let cb = report_numbers(&report, "nfs4 backchannel: ");
+    assert!(cb[0] >= 3 && cb[2] == 0, "backchannel calls: {cb:?}");
+}

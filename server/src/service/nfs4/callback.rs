@@ -254,6 +254,9 @@ pub enum CbError {
 /// waits for each reply, started with the first call.
 pub struct Callbacks {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Sessions with a probe queued: one at a time each, so that a client
+    /// binding connections in a loop queues no more.
+    probing: Arc<Mutex<std::collections::HashSet<SessionId4>>>,
     state: Arc<State4>,
     stats: Arc<CbStats>,
     timeout: Duration,
@@ -265,6 +268,7 @@ impl Callbacks {
     pub fn new(state: Arc<State4>, timeout: Duration) -> Callbacks {
         Callbacks {
             jobs: Mutex::new(None),
+            probing: Arc::default(),
             state,
             stats: Arc::default(),
             timeout,
@@ -296,6 +300,7 @@ impl Callbacks {
         if jobs.is_none() {
             let (tx, rx) = mpsc::channel();
             let worker = Worker {
+                probing: self.probing.clone(),
                 state: self.state.clone(),
                 stats: self.stats.clone(),
                 timeout: self.timeout,
@@ -315,9 +320,12 @@ impl Callbacks {
         }
     }
 
-    /// Probes the session's backchannel with CB_NULL.
+    /// Probes the session's backchannel with CB_NULL (unless a probe of
+    /// it is queued already).
     pub fn probe(&self, sid: SessionId4) {
-        self.submit(Job::Probe(sid));
+        if self.probing.lock().expect("probes queued").insert(sid) {
+            self.submit(Job::Probe(sid));
+        }
     }
 
     /// Sends `ops` after a CB_SEQUENCE on the session's backchannel;
@@ -344,6 +352,7 @@ fn rand_xid() -> u32 {
 }
 
 struct Worker {
+    probing: Arc<Mutex<std::collections::HashSet<SessionId4>>>,
     state: Arc<State4>,
     stats: Arc<CbStats>,
     timeout: Duration,
@@ -355,6 +364,7 @@ impl Worker {
         while let Ok(job) = rx.recv() {
             match job {
                 Job::Probe(sid) => {
+                    self.probing.lock().expect("probes queued").remove(&sid);
                     let r = self.call(&sid, cb::PROC_NULL, None);
                     let path = if r.is_ok() { Path::Up } else { Path::Down };
                     if let Err(e) = &r {
@@ -554,7 +564,10 @@ mod tests {
         let conn = BackConn::new(move |parts: Vec<Bytes>| {
             let msg: Vec<u8> = parts.concat();
             let (h, d) = split_message(Bytes::from(msg)).unwrap();
-            let args = CbCompoundArgs::decode(&mut d.clone()).unwrap();
+            // CB_NULL (no arguments) goes unanswered here.
+            let Ok(args) = CbCompoundArgs::decode(&mut d.clone()) else {
+                return true;
+            };
             let Some(res) = answer(&args) else {
                 return true;
             };
@@ -685,6 +698,21 @@ mod tests {
             Ok(seq_status::CB_PATH_DOWN_SESSION | seq_status::CB_PATH_DOWN)
         );
         assert_eq!(cb.stats().failed.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn probes_of_one_session_queue_one_at_a_time() {
+        // A client that never answers, and binds (so asks for probes) a
+        // hundred times: at most the one running and one queued are sent.
+        let (state, sid, _conn) = session(Arc::new(|_: &CbCompoundArgs| None));
+        let cb = Callbacks::new(state.clone(), Duration::from_millis(50));
+        for _ in 0..100 {
+            cb.probe(sid);
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        let sent = cb.stats().sent.load(Ordering::Relaxed);
+        assert!((1..=2).contains(&sent), "{sent} probes sent");
+        assert_eq!(state.back_path(&sid), Some(Path::Down));
     }
 
     #[test]
