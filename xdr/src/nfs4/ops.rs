@@ -455,11 +455,11 @@ impl Xdr for OpenClaim4 {
                 n.encode(s);
             }
             OpenClaim4::Fh => s.put_u32_be(4),
-            OpenClaim4::DelegPrevFh => s.put_u32_be(5),
             OpenClaim4::DelegCurFh(st) => {
-                s.put_u32_be(6);
+                s.put_u32_be(5);
                 st.encode(s);
             }
+            OpenClaim4::DelegPrevFh => s.put_u32_be(6),
         }
     }
     fn decode(d: &mut Decoder) -> Result<Self> {
@@ -472,8 +472,8 @@ impl Xdr for OpenClaim4 {
             )),
             3 => Ok(OpenClaim4::DelegatePrev(Component4::decode(d)?)),
             4 => Ok(OpenClaim4::Fh),
-            5 => Ok(OpenClaim4::DelegPrevFh),
-            6 => Ok(OpenClaim4::DelegCurFh(Stateid4::decode(d)?)),
+            5 => Ok(OpenClaim4::DelegCurFh(Stateid4::decode(d)?)),
+            6 => Ok(OpenClaim4::DelegPrevFh),
             v => Err(bad_arm("open_claim_type4", v)),
         }
     }

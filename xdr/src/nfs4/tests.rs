@@ -50,16 +50,16 @@ fn an_undecodable_operation_cuts_the_list_where_it_stands() {
     // The strict decoder refuses the whole.
     assert!(dec::<Compound4Args>(&b).is_err());
     // An undefined operation number ends decoding as ILLEGAL, a defined
-    // unmodelled one (DELEGRETURN) as unsupported, whatever follows.
+    // unmodelled one (DELEGPURGE) as unsupported, whatever follows.
     b = hex("00000000 00000001 00000003 00000018 00002710 ffffffff");
     let (a, cut) = Compound4Args::decode_lenient(&mut Decoder::new(Bytes::from(b))).unwrap();
     assert_eq!(
         (a.ops, cut),
         (vec![ArgOp::Putrootfh, ArgOp::Illegal(10000)], None)
     );
-    b = hex("00000000 00000002 00000002 00000008 ffffffff");
+    b = hex("00000000 00000002 00000002 00000007 ffffffff");
     let (a, _) = Compound4Args::decode_lenient(&mut Decoder::new(Bytes::from(b))).unwrap();
-    assert_eq!(a.ops, vec![ArgOp::Unsupported(opnum::DELEGRETURN)]);
+    assert_eq!(a.ops, vec![ArgOp::Unsupported(opnum::DELEGPURGE)]);
     // A count past the limit is refused before anything is allocated.
     b = hex("00000000 00000001 7fffffff");
     let (a, cut) = Compound4Args::decode_lenient(&mut Decoder::new(Bytes::from(b))).unwrap();
@@ -204,4 +204,27 @@ fn operation_names_match_their_numbers() {
     for n in [0, 1, 2, opnum::LAST + 1, opnum::ILLEGAL] {
         assert_eq!(name(n), "ILLEGAL", "{n}");
     }
+}
+
+#[test]
+fn open_claims_carry_the_rfc_numbers() {
+    // RFC 8881 §18.16.1: CLAIM_DELEG_CUR_FH = 5 (with the delegation's
+    // stateid), CLAIM_DELEG_PREV_FH = 6 (void).
+    let sid = Stateid4 {
+        seqid: 7,
+        other: [9; 12],
+    };
+    let mut b = bytes::BytesMut::new();
+    ops::OpenClaim4::DelegCurFh(sid).encode(&mut b);
+    let mut want = vec![0, 0, 0, 5, 0, 0, 0, 7];
+    want.extend_from_slice(&[9; 12]);
+    assert_eq!(&b[..], &want[..]);
+    let mut b = bytes::BytesMut::new();
+    ops::OpenClaim4::DelegPrevFh.encode(&mut b);
+    assert_eq!(&b[..], &[0, 0, 0, 6]);
+    let mut d = crate::Decoder::new(bytes::Bytes::from(want));
+    assert_eq!(
+        ops::OpenClaim4::decode(&mut d).unwrap(),
+        ops::OpenClaim4::DelegCurFh(sid)
+    );
 }

@@ -329,6 +329,9 @@ impl Service {
                 }
             };
             let st = r.status();
+            if !st.is_ok() {
+                tracing::debug!(peer = %caller.ctx.peer, op = r.num(), status = %st, "NFSv4 operation failed");
+            }
             res.results.push(r);
             if !st.is_ok() {
                 res.status = st;
