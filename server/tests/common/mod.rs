@@ -273,6 +273,19 @@ impl RawClient {
     }
 }
 
+/// Asserts that the server's metrics exposition has each of `lines`.
+pub fn assert_metrics(service: &Arc<Service>, lines: &[&str]) {
+    let metrics = nfsrdma_server::exporter::Sources {
+        service: service.clone(),
+        tcp: None,
+        rdma: None,
+    }
+    .render();
+    for line in lines {
+        assert!(metrics.lines().any(|l| l == *line), "{line} in\n{metrics}");
+    }
+}
+
 pub fn accept_stat(h: &RpcMessage) -> Option<AcceptStat> {
     match h.as_reply() {
         Some(ReplyBody::Accepted(a)) => Some(a.stat),
