@@ -497,3 +497,59 @@ fn another_clients_getattr_and_lock_test_recall_a_write_delegation() {
     assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
     assert_eq!(lockt(&mut b), Status::OK);
 }
+
+#[test]
+fn a_client_answering_its_recall_with_garbage_has_its_path_down_and_others_are_served() {
+    let srv = server(true);
+    let stats = &srv.service.nfs4().delegs;
+    let (mut a, recalls) = client(&srv, "garbled");
+    let (mut c, _) = client(&srv, "other");
+    let (oa, fh) = opened(&open(&mut a, "g", share::ACCESS_READ, true));
+    let OpenDelegation4::Read(da, ..) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    // A answers its calls with RPC success and results that are no
+    // CB_COMPOUND4res, and sends a reply record to no call of the
+    // server's, cut short.
+    let good =
+        a.c.cb_reply
+            .replace(Box::new(|_: &[u8]| vec![0xde, 0xad, 0xbe]));
+    a.c.send_record(&[0, 0, 0, 7, 0, 0, 0, 1, 0xff, 0xff, 0xff])
+        .unwrap();
+    assert_eq!(
+        open(&mut c, "g", share::ACCESS_BOTH, false).status,
+        Status::DELAY
+    );
+    take_call(&mut a);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stats.recall_failed.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the garbled answer was taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A's SEQUENCE says its callback path is down, and A gets no new
+    // delegation meanwhile.
+    let down = seq_status::CB_PATH_DOWN_SESSION | seq_status::CB_PATH_DOWN;
+    assert_eq!(flags(&mut a) & down, down);
+    let (o2, _) = opened(&open(&mut a, "g2", share::ACCESS_READ, true));
+    assert_eq!(o2.delegation, OpenDelegation4::None);
+    // The server goes on serving the others: C creates and writes a file
+    // of its own (with a delegation: its path works).
+    let (oc2, fh2) = opened(&open(&mut c, "c2", share::ACCESS_BOTH, true));
+    assert!(matches!(oc2.delegation, OpenDelegation4::Write(..)));
+    assert_eq!(write(&mut c, &fh2, oc2.stateid, b"c2"), Status::OK);
+    assert!(recalls.lock().unwrap().is_empty());
+    // A answers well again: C's next try sends the recall again, A
+    // returns the delegation and C's open goes through.
+    a.c.cb_reply = good;
+    assert_eq!(
+        open(&mut c, "g", share::ACCESS_BOTH, false).status,
+        Status::DELAY
+    );
+    take_call(&mut a);
+    assert_eq!(*recalls.lock().unwrap(), vec![da]);
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    let (oc, _) = opened(&open(&mut c, "g", share::ACCESS_BOTH, false));
+    assert_eq!(write(&mut c, &fh, oc.stateid, b"c's"), Status::OK);
+    assert_eq!(stats.recall_failed.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.recalled.load(Ordering::Relaxed), 2);
+}

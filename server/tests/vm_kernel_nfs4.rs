@@ -303,24 +303,20 @@ fn kernel_client_mounts_nfsv41_and_nfsv42_over_tcp_and_rdma() {
         .and_then(|l| l.split_whitespace().next())
         .map_or(0, |n| n.parse().unwrap());
     assert!(binds <= 10, "{binds} BIND_CONN_TO_SESSION calls");
-    // Over TCP the client's session gets a backchannel on its connection,
-    // and the client answers the server's probe (CB_NULL) there: one per
-    // TCP mount at least, none failed. Over RDMA none is granted.
-    let (sent, answered, failed): (u64, u64, u64) = report
-        .lines()
-        .find_map(|l| l.strip_prefix("nfs4 backchannel: "))
-        .map(|l| {
-            let n: Vec<u64> = l
-                .split(|c: char| !c.is_ascii_digit())
-                .filter(|w| !w.is_empty())
-                .map(|w| w.parse().unwrap())
-                .collect();
-            (n[0], n[1], n[2])
-        })
-        .expect("the backchannel's line in the report");
+    // The client's session gets a backchannel on its connection, over TCP
+    // and over RDMA (RFC 8167), and the client answers the server's probe
+    // (CB_NULL) there: one per mount at least (two over TCP, four over
+    // RDMA), none failed; over RDMA they are backward calls.
+    let cb = report_numbers(&report, "nfs4 backchannel: ");
+    let (sent, answered, failed) = (cb[0], cb[1], cb[2]);
     assert!(
-        answered >= 2 && answered == sent && failed == 0,
+        answered >= 6 && answered == sent && failed == 0,
         "backchannel calls sent {sent}, answered {answered}, failed {failed}"
+    );
+    let (calls, replies, dropped) = backward_calls(&report);
+    assert!(
+        replies >= 4 && replies == calls && dropped == 0,
+        "backward calls {calls}, answered {replies}, dropped {dropped}"
     );
     // `cp` asks for a clone first (FICLONE): over each NFSv4.2 mount that
     // is a CLONE, which nfsrdmad does (the kernel nfsd's tmpfs cannot; its
@@ -605,6 +601,22 @@ fn op_count(mnt: &str, op: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
+/// The RDMA transport's backward calls: sent, answered, dropped.
+fn backward_calls(report: &str) -> (u64, u64, u64) {
+    let l = report
+        .lines()
+        .find(|l| l.starts_with("rdma: "))
+        .unwrap_or_else(|| panic!("no rdma line in the report:\n{report}"));
+    let rest = &l[l.find("backward calls ").expect("backward calls") + 15..];
+    let n: Vec<u64> = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .take(3)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    (n[0], n[1], n[2])
+}
+
 /// The numbers of the report's line that starts with `prefix`.
 fn report_numbers(report: &str, prefix: &str) -> Vec<u64> {
     report
@@ -620,11 +632,25 @@ fn report_numbers(report: &str, prefix: &str) -> Vec<u64> {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn kernel_client_holds_a_write_delegation_over_tcp_until_nfsv3_writes_the_file() {
+    write_delegation_until_nfsv3_writes("vers=4.2,proto=tcp", false);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn kernel_client_holds_a_write_delegation_over_rdma_until_nfsv3_writes_the_file() {
+    write_delegation_until_nfsv3_writes("vers=4.2,proto=rdma,port=20049", true);
+}
+
+/// The kernel client mounted with `opts` writes a file and holds a write
+/// delegation of it; NFSv3 over TCP writes the file, which recalls the
+/// delegation (over RPC-over-RDMA's backward direction when `rdma`).
+fn write_delegation_until_nfsv3_writes(opts: &str, rdma: bool) {
     use std::io::Write;
     common::kernel::in_vm(&["nfsv3", "nfsv4"]);
     let a = addr();
     let d = Daemon::start(&["--lease", "15"]);
-    mount(&format!("{a}:/export"), "/mnt/d4", "vers=4.2,proto=tcp");
+    let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/d4", opts);
+    assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
     mount(
         &format!("{a}:/export"),
         "/mnt/d3",
@@ -637,7 +663,7 @@ fn kernel_client_holds_a_write_delegation_over_tcp_until_nfsv3_writes_the_file()
     assert!(std::fs::read("/mnt/d4/delegated").unwrap() == first);
     assert_eq!(op_count("/mnt/d4", "DELEGRETURN"), 0);
     // NFSv3 rewrites the start of it: its WRITE waits (NFS3ERR_JUKEBOX)
-    // while the delegation is recalled over the TCP backchannel and the
+    // while the delegation is recalled over the backchannel and the
     // client returns it, then goes through.
     let second = data(4096, 22);
     let t0 = std::time::Instant::now();
@@ -673,6 +699,16 @@ fn kernel_client_holds_a_write_delegation_over_tcp_until_nfsv3_writes_the_file()
     );
     let cb = report_numbers(&report, "nfs4 backchannel: ");
     assert_eq!(cb[2], 0, "no call back failed: {cb:?}");
+    // Over RDMA the probe and the recall were backward calls, answered.
+    let (calls, replies, dropped) = backward_calls(&report);
+    if rdma {
+        assert!(
+            replies >= 2 && replies == calls && dropped == 0,
+            "backward calls {calls}, answered {replies}, dropped {dropped}"
+        );
+    } else {
+        assert_eq!(calls, 0, "no backward call without an RDMA mount");
+    }
 }
 
 /// Removes the network namespace and link of the two-client test.
@@ -687,6 +723,19 @@ impl Drop for SecondClientNet {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn a_second_kernel_clients_open_for_writing_recalls_the_first_ones_delegation() {
+    second_client_recalls("vers=4.2,proto=tcp", false);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_second_kernel_clients_open_for_writing_recalls_a_delegation_held_over_rdma() {
+    second_client_recalls("vers=4.2,proto=rdma,port=20049", true);
+}
+
+/// Client A, mounted with `a_opts`, holds a delegation of a file that
+/// client B (NFSv4.2 over TCP, in a network namespace: the guest's one
+/// RDMA device serves only its own addresses) opens for writing.
+fn second_client_recalls(a_opts: &str, rdma: bool) {
     common::kernel::in_vm(&["nfsv4"]);
     let a = addr();
     let d = Daemon::start(&["--lease", "15"]);
@@ -703,7 +752,8 @@ fn a_second_kernel_clients_open_for_writing_recalls_the_first_ones_delegation() 
         ip link set vdeleg1 up && ip link set lo up && ip route add default via 10.96.0.1; \
         echo -n nfsrdma-test-client-b > /sys/fs/nfs/net/nfs_client/identifier 2>/dev/null; true'",
     );
-    mount(&format!("{a}:/export"), "/mnt/da", "vers=4.2,proto=tcp");
+    let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/da", a_opts);
+    assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
     sh(&format!(
         "mkdir -p /mnt/db && nsenter --net=/run/netns/nfsdeleg unshare --uts sh -c \
          'hostname nfs-client-b && timeout 120 mount -t nfs -o vers=4.2,proto=tcp,port=2049 {a}:/export /mnt/db'"
@@ -715,8 +765,8 @@ fn a_second_kernel_clients_open_for_writing_recalls_the_first_ones_delegation() 
     let held = std::fs::File::open("/mnt/da/shared").unwrap();
     assert!(std::fs::read("/mnt/da/shared").unwrap() == first);
     assert_eq!(op_count("/mnt/da", "DELEGRETURN"), 0);
-    // B opens it for writing: A's delegation is recalled over A's TCP
-    // backchannel; A moves its open to the server, flushes and returns
+    // B opens it for writing: A's delegation is recalled over A's
+    // backchannel (RDMA's backward direction when A is over RDMA); A moves its open to the server, flushes and returns
     // it; B's OPEN, answered NFS4ERR_DELAY meanwhile, goes through.
     let second = data(8192, 32);
     let t0 = std::time::Instant::now();
@@ -754,4 +804,14 @@ fn a_second_kernel_clients_open_for_writing_recalls_the_first_ones_delegation() 
     );
     let cb = report_numbers(&report, "nfs4 backchannel: ");
     assert!(cb[0] >= 3 && cb[2] == 0, "backchannel calls: {cb:?}");
+    // A's probe and the recall: backward calls over RDMA, answered.
+    let (calls, replies, dropped) = backward_calls(&report);
+    if rdma {
+        assert!(
+            replies >= 2 && replies == calls && dropped == 0,
+            "backward calls {calls}, answered {replies}, dropped {dropped}"
+        );
+    } else {
+        assert_eq!(calls, 0, "no backward call without an RDMA mount");
+    }
 }

@@ -4,11 +4,13 @@
 //! buffer), RDMA Read chains into landing blocks, RDMA Writes and Sends.
 //! It decides nothing about the protocol.
 
+use super::backward;
 use super::calls::{self, Landing, Local};
 use super::shared::SharedRecv;
 use super::RdmaStats;
 use crate::service::metrics::{CallClass, Transport};
 use crate::service::{CallContext, LongCall, Reply, Service};
+use bytes::Bytes;
 use nfsrdma_rpcrdma::conn::{
     CallId, ConnError as CoreError, Connection, Event, SendOp, Stats, Work, WrId, WrKind,
 };
@@ -93,7 +95,15 @@ pub struct Conn {
     /// Calls whose Read chunks wait for arena memory to land in, oldest
     /// first: since when, and their arrivals.
     starved: VecDeque<(CallId, Instant, Instant)>,
+    /// Backward calls (RFC 8167) waiting for a call slot within the
+    /// client's grant.
+    backward: VecDeque<Vec<Bytes>>,
 }
+
+/// Backward calls one connection keeps waiting for a slot: more are
+/// dropped (the callback thread's wait for their replies times out, and
+/// the session's path is reported down).
+const BACKWARD_WAITING: usize = 8;
 
 impl Conn {
     /// A connection; nothing is posted until [`Conn::drive`].
@@ -124,6 +134,7 @@ impl Conn {
             long: Vec::new(),
             away: HashMap::new(),
             starved: VecDeque::new(),
+            backward: VecDeque::new(),
         }
     }
 
@@ -164,6 +175,45 @@ impl Conn {
         }
         self.drive()?;
         self.post_deferred()
+    }
+
+    /// Sends a backward call (the RPC call message's parts) as soon as the
+    /// client's grant allows, and carries out the work it leads to.
+    pub fn back_call(&mut self, parts: Vec<Bytes>) -> Result<(), ConnError> {
+        if self.core.is_closed() {
+            return Ok(());
+        }
+        if self.backward.len() >= BACKWARD_WAITING {
+            self.stats.backward_dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.backward.push_back(parts);
+        self.start_backward();
+        self.drive()?;
+        self.post_deferred()
+    }
+
+    /// Starts the waiting backward calls the client's grant has room for.
+    fn start_backward(&mut self) {
+        while !self.backward.is_empty() {
+            let Some(slot) = self.core.reserve_call() else {
+                return;
+            };
+            let parts = self.backward.pop_front().expect("not empty");
+            match backward::plan(parts, self.core.config()) {
+                Some(plan) => {
+                    let header = plan.header(self.core.credits_to_ask(), &Default::default());
+                    let mut message = Vec::with_capacity(plan.inline.len() + 1);
+                    message.push(header);
+                    message.extend(plan.inline.iter().cloned());
+                    self.core.start_call(slot, plan, message, Vec::new(), 0);
+                }
+                None => {
+                    self.core.unreserve_call(slot);
+                    self.stats.backward_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Ends the connection at once (the listener is stopping or the
@@ -310,13 +360,28 @@ impl Conn {
                     }
                 }
             }
-            // The server sends no calls of its own (yet): nothing answers
-            // one.
-            Event::Reply { slot } | Event::CallFailed { slot, .. } => {
-                return Err(VerbsError::InvalidArgument(format!(
-                    "a reply for call slot {slot}, but the server sends no calls"
-                ))
-                .into())
+            Event::Reply { slot } => {
+                let reply = self.core.take_reply(slot);
+                self.core.finish_call(slot);
+                match backward::reply_message(reply) {
+                    Some(msg) => {
+                        self.stats.backward_replies.fetch_add(1, Ordering::Relaxed);
+                        if let Some(b) = &self.ctx.back {
+                            b.deliver(msg);
+                        }
+                    }
+                    None => {
+                        // (Its waiter times out: the path is down.)
+                        self.stats.backward_dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(peer = %self.ctx.peer, "a backward call answered with RDMA_ERROR");
+                    }
+                }
+                self.start_backward();
+            }
+            // The connection closes next: the backchannel's waiters fail
+            // then.
+            Event::CallFailed { error, .. } => {
+                tracing::info!(peer = %self.ctx.peer, %error, "a backward call's reply broke the protocol");
             }
             Event::Closed(CoreError::Flushed) => return Err(ConnError::Flushed),
             Event::Closed(CoreError::Closed) => {}
@@ -430,7 +495,13 @@ impl Conn {
                 }
                 SendOp::LocalInv { .. } => {}
                 SendOp::Send { slot, message, .. } | SendOp::Call { slot, message, .. } => {
-                    let base = *slot as usize * v.slot_size;
+                    // Replies' send buffers first, then the backward
+                    // calls'.
+                    let buffer = match &s.op {
+                        SendOp::Call { .. } => self.core.config().send_slots + slot,
+                        _ => *slot,
+                    };
+                    let base = buffer as usize * v.slot_size;
                     let mut len = 0usize;
                     for part in message {
                         if len + part.len() > v.slot_size {
@@ -508,10 +579,14 @@ impl Conn {
 }
 
 impl Drop for Conn {
+    /// The backchannel's calls waiting on the connection fail at once.
     /// Shared receive buffers the connection still holds (its calls',
     /// and those it had given back without posting) go back to the
     /// queue: the other connections of the pool thread receive in them.
     fn drop(&mut self) {
+        if let Some(b) = &self.ctx.back {
+            b.close();
+        }
         let Some(s) = self.v.shared.clone() else {
             return;
         };

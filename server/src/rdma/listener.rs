@@ -43,8 +43,10 @@ impl RdmaListener {
         let stats = Arc::new(RdmaStats::default());
         let attrs = device.ctx.query()?;
         let credits = cfg.credits.max(1);
-        let per_connection =
-            Pool::entries_per_connection(send_queue_depth(credits, attrs.max_qp_wr), credits);
+        let per_connection = Pool::entries_per_connection(
+            send_queue_depth(credits, attrs.max_qp_wr),
+            credits + BACKWARD_CALLS,
+        );
         let shared = if cfg.srq_buffers == 0 {
             None
         } else if attrs.max_srq == 0 {
@@ -286,6 +288,13 @@ fn send_queue_depth(credits: u32, max_qp_wr: u32) -> u32 {
     (4 * credits).min(max_qp_wr.max(64))
 }
 
+/// Backward calls (RFC 8167: the server's NFSv4.1 callbacks) one
+/// connection can have waiting for their replies: a receive buffer and a
+/// send buffer each. The callback thread sends one call at a time; the
+/// rest stand for calls whose replies never came (they hold their slot
+/// until the connection ends).
+pub const BACKWARD_CALLS: u32 = 4;
+
 /// Scatter/gather entries per RDMA Write, at most.
 const MAX_SEND_SGE: u32 = 16;
 
@@ -359,11 +368,19 @@ fn set_up(
     let attrs = device.ctx.query()?;
     let pd = device.pd.clone();
     let credits = cfg.credits.max(1);
+    // Backward calls (RFC 8167) need receives of the connection's own for
+    // their replies: none on a shared receive queue, and none without
+    // NFSv4 (the only protocol that calls the client back over RDMA).
+    let backward = if at.shared.is_none() && service.config().nfs4.enabled() {
+        BACKWARD_CALLS
+    } else {
+        0
+    };
     let sq_depth = send_queue_depth(credits, attrs.max_qp_wr);
     let max_sge = attrs.max_sge.clamp(1, MAX_SEND_SGE);
     let caps = QpCaps {
         max_send_wr: sq_depth,
-        max_recv_wr: credits,
+        max_recv_wr: credits + backward,
         max_send_sge: max_sge,
         max_recv_sge: 1,
         max_inline_data: 0,
@@ -375,11 +392,16 @@ fn set_up(
         ),
         None => (
             req.id.create_qp(&pd, &at.cq, &at.cq, caps)?,
-            RecvRing::new(&pd, credits as usize, ours as usize)?,
+            RecvRing::new(&pd, (credits + backward) as usize, ours as usize)?,
         ),
     };
     let qp_num = qp.qp_num();
-    let send_mr = MemoryRegion::new(&pd, credits as usize * ours as usize, Access::LOCAL)?;
+    // One send buffer per credit (replies), then one per backward call.
+    let send_mr = MemoryRegion::new(
+        &pd,
+        (credits + backward) as usize * ours as usize,
+        Access::LOCAL,
+    )?;
     // In the request as the listener sees it, `initiator_depth` bounds the
     // RDMA Reads we may have outstanding towards the peer and
     // `responder_resources` the peer's Reads we must serve (none, in this
@@ -391,6 +413,10 @@ fn set_up(
         .max(1);
     let core = Connection::new(Config {
         credits,
+        calls: backward,
+        // (What the client grants for backward calls is all the limit:
+        // none kept in reserve.)
+        call_reserve: 0,
         send_slots: credits,
         sq_depth,
         read_depth: u32::from(read_depth),
@@ -415,6 +441,10 @@ fn set_up(
         ..ConnParam::default()
     };
     let id = Arc::new(req.id);
+    let mut call_ctx = CallContext::from(peer);
+    if backward > 0 {
+        call_ctx.back = Some(pool.back_conn(at, qp_num, agreed.inline_send)?);
+    }
     let mut conn = Conn::new(
         core,
         Verbs {
@@ -426,7 +456,7 @@ fn set_up(
             slot_size: ours as usize,
         },
         service.clone(),
-        CallContext::from(peer),
+        call_ctx,
         stats.clone(),
     );
     // Receives go up before the first credit is granted, and the pool
@@ -455,6 +485,7 @@ fn set_up(
         peer = %peer,
         credits,
         rnr_retry,
+        backward_calls = backward,
         inline_send = agreed.inline_send,
         remote_invalidation = agreed.peer_accepts_remote_invalidation,
         read_depth,

@@ -30,6 +30,7 @@
 //! refused a Read or Write, the peer went away) ends that connection only:
 //! its queue pair is flushed and everything it held is released.
 
+pub mod backward;
 pub mod calls;
 pub mod conn;
 pub mod device;

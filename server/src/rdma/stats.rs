@@ -10,6 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct RdmaStats {
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Backward calls sent (RFC 8167: NFSv4.1 callbacks).
+    pub backward_calls: AtomicU64,
+    /// Backward calls answered with an RPC reply.
+    pub backward_replies: AtomicU64,
+    /// Backward calls not sent (too large to go inline, or too many
+    /// waiting for the client's grant) or answered with RDMA_ERROR.
+    pub backward_dropped: AtomicU64,
     /// Connections open now.
     pub open: AtomicU64,
     /// Calls received.
@@ -140,6 +147,7 @@ impl RdmaStats {
              closed for want of a receive at the peer (RNR) {}, \
              calls found polling {} / after a wake-up {}, idle wake-ups {}, long calls run off the pool threads {}, receives held at most {}, \
              shared receive buffers {} (posted now {}, of one thread's taken at once at most {}), \
+             backward calls {} (answered {}, dropped {}), \
              gaps before calls found polling in us: {}\n",
             g(&self.connections),
             g(&self.open),
@@ -171,6 +179,9 @@ impl RdmaStats {
             g(&self.shared_receive_buffers),
             g(&self.shared_receives_posted),
             g(&self.shared_receives_taken_peak),
+            g(&self.backward_calls),
+            g(&self.backward_replies),
+            g(&self.backward_dropped),
             self.gaps_report(),
         )
     }
@@ -213,5 +224,6 @@ impl RdmaStats {
         add(&self.err_vers, before.err_vers, now.err_vers);
         add(&self.err_chunk, before.err_chunk, now.err_chunk);
         add(&self.discarded, before.discarded, now.discarded);
+        add(&self.backward_calls, before.calls_sent, now.calls_sent);
     }
 }

@@ -28,7 +28,9 @@ use super::conn::{Conn, ConnError};
 use super::long::{Back, LongSender, LongThreads};
 use super::shared::SharedRecv;
 use super::RdmaStats;
+use crate::service::nfs4::callback::BackConn;
 use crate::service::{Reply, Service};
+use bytes::Bytes;
 use nfsrdma_rpcrdma::conn::{CallId, WrId, WrKind};
 use nfsrdma_transport::rdma::engine::{PollMode, Poller, WAIT_SLICE};
 use nfsrdma_transport::rdma::verbs::{
@@ -55,6 +57,10 @@ pub const IDLE_WAIT: Duration = Duration::from_secs(1);
 /// How long a connection whose work was flushed waits for the connection
 /// manager's report of a disconnect before it counts as an error.
 pub const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// Bytes of an RDMA_MSG transport header with three empty chunk lists:
+/// the header of every message in the backward direction (RFC 8167 §4).
+pub const BARE_HEADER: u32 = 28;
 
 /// The most connections sharing one completion queue.
 pub const MAX_CONNECTIONS_PER_CQ: u32 = 32;
@@ -103,6 +109,16 @@ pub enum Msg {
         call: CallId,
         /// Its reply.
         reply: Box<Reply>,
+    },
+    /// A backward call (RFC 8167) to send on this connection: the RPC
+    /// call message's parts (the backchannel's, [`BackConn`]).
+    BackCall {
+        /// The connection's queue pair number.
+        qp_num: u32,
+        /// The connection's number in the pool.
+        serial: u64,
+        /// The RPC call message.
+        parts: Vec<Bytes>,
     },
 }
 
@@ -331,6 +347,41 @@ impl Pool {
         Ok(())
     }
 
+    /// The backchannel of the connection at `at` (queue pair `qp_num`),
+    /// for the NFSv4.1 service: a call handed to it goes to the
+    /// connection's pool thread, which sends it as a backward call; the
+    /// reply comes back through [`BackConn::deliver`]. A call too large to
+    /// travel inline (`inline_send`, the client's receive size, less the
+    /// transport header) is refused at once, as is any once the thread
+    /// has stopped.
+    pub fn back_conn(
+        &self,
+        at: &Placement,
+        qp_num: u32,
+        inline_send: u32,
+    ) -> Result<Arc<BackConn>, VerbsError> {
+        let t = &self.threads[at.thread];
+        let (tx, waker) = (t.tx.clone(), t.waker.clone());
+        let serial = at.serial;
+        let room = inline_send.saturating_sub(BARE_HEADER) as usize;
+        Ok(BackConn::new(move |parts: Vec<Bytes>| {
+            if parts.iter().map(Bytes::len).sum::<usize>() > room {
+                return false;
+            }
+            let sent = tx
+                .send(Msg::BackCall {
+                    qp_num,
+                    serial,
+                    parts,
+                })
+                .is_ok();
+            if sent {
+                waker.wake();
+            }
+            sent
+        }))
+    }
+
     /// Asks the connection's thread to drop it; the answer comes on the
     /// returned receiver once it is gone (or the thread has stopped).
     pub fn remove(&self, at: &Placement, qp_num: u32) -> mpsc::Receiver<()> {
@@ -549,6 +600,24 @@ impl PoolThread {
                         continue;
                     }
                     match e.conn.answer(call, reply) {
+                        Ok(()) => self.after_work(qp_num),
+                        Err(err) => self.ended(qp_num, err),
+                    }
+                }
+                Ok(Msg::BackCall {
+                    qp_num,
+                    serial,
+                    parts,
+                }) => {
+                    // (A connection gone meanwhile has closed its
+                    // backchannel: the call's waiter has failed already.)
+                    let Some(e) = self.conns.get_mut(&qp_num) else {
+                        continue;
+                    };
+                    if e.serial != serial || e.flushed.is_some() {
+                        continue;
+                    }
+                    match e.conn.back_call(parts) {
                         Ok(()) => self.after_work(qp_num),
                         Err(err) => self.ended(qp_num, err),
                     }

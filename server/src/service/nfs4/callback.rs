@@ -397,22 +397,37 @@ impl Worker {
         };
         let mut b = BytesMut::new();
         args.encode(&mut b);
-        let r = self.call(sid, cb::PROC_COMPOUND, Some(b.freeze()));
-        let path = match &r {
-            Ok(_) => Path::Up,
-            Err(_) => Path::Down,
-        };
-        self.state.set_back_path(sid, path);
-        let mut d = r?;
-        let res = CbCompoundRes::decode(&mut d).map_err(|e| CbError::BadReply(e.to_string()))?;
-        match res.results.first() {
-            Some(cb::CbResOp::Sequence(Ok(_))) => Ok(res),
-            Some(cb::CbResOp::Sequence(Err(s))) => Err(CbError::Sequence(*s)),
-            _ => Err(CbError::BadReply(format!(
-                "no CB_SEQUENCE result first (status {})",
-                res.status
-            ))),
+        let r = self
+            .call(sid, cb::PROC_COMPOUND, Some(b.freeze()))
+            .and_then(|mut d| {
+                CbCompoundRes::decode(&mut d).map_err(|e| CbError::BadReply(e.to_string()))
+            })
+            .and_then(|res| match res.results.first() {
+                // The reply must answer this call: the session, slot and
+                // sequence id it was sent with.
+                Some(cb::CbResOp::Sequence(Ok(ok)))
+                    if ok.sessionid == *sid && ok.slotid == 0 && ok.sequenceid == seq =>
+                {
+                    self.state.back_seq_done(sid, seq);
+                    Ok(res)
+                }
+                Some(cb::CbResOp::Sequence(Ok(ok))) => Err(CbError::BadReply(format!(
+                    "CB_SEQUENCE answered slot {} sequence {} of another call (sent slot 0, \
+                     sequence {seq})",
+                    ok.slotid, ok.sequenceid
+                ))),
+                Some(cb::CbResOp::Sequence(Err(s))) => Err(CbError::Sequence(*s)),
+                _ => Err(CbError::BadReply(format!(
+                    "no CB_SEQUENCE result first (status {})",
+                    res.status
+                ))),
+            });
+        if let Err(e) = &r {
+            tracing::info!(error = %e, "NFSv4 callback failed");
         }
+        self.state
+            .set_back_path(sid, if r.is_ok() { Path::Up } else { Path::Down });
+        r
     }
 
     /// One call on the session's newest backchannel connection: the
@@ -698,6 +713,76 @@ mod tests {
             Ok(seq_status::CB_PATH_DOWN_SESSION | seq_status::CB_PATH_DOWN)
         );
         assert_eq!(cb.stats().failed.load(Ordering::Relaxed), 1);
+    }
+
+    /// A CB_COMPOUND4res whose CB_SEQUENCE answers `slot` and `seq`.
+    fn answered(a: &CbCompoundArgs, sid: SessionId4, slot: u32, seq: u32) -> CbCompoundRes {
+        CbCompoundRes {
+            status: Status::OK,
+            tag: a.tag.clone(),
+            results: vec![
+                CbResOp::Sequence(Ok(CbSequenceResOk {
+                    sessionid: sid,
+                    sequenceid: seq,
+                    slotid: slot,
+                    highest_slotid: 0,
+                    target_highest_slotid: 0,
+                })),
+                CbResOp::Recall(Status::OK),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_reply_for_another_slot_sequence_or_session_fails_the_callback() {
+        // The client answers calls 1 to 3 for the wrong slot, sequence id
+        // and session, then the fourth as it should.
+        let n = Arc::new(AtomicU32::new(0));
+        let seqs: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let (k, log) = (n.clone(), seqs.clone());
+        let (state, sid, _conn) = session(Arc::new(move |a: &CbCompoundArgs| {
+            let CbArgOp::Sequence(s) = &a.ops[0] else {
+                panic!("{a:?}")
+            };
+            log.lock().unwrap().push(s.sequenceid);
+            Some(match k.fetch_add(1, Ordering::Relaxed) {
+                0 => answered(a, s.sessionid, 3, s.sequenceid),
+                1 => answered(a, s.sessionid, 0, s.sequenceid + 7),
+                2 => answered(a, [9; 16], 0, s.sequenceid),
+                _ => answered(a, s.sessionid, 0, s.sequenceid),
+            })
+        }));
+        let cb = Callbacks::new(state.clone(), Duration::from_secs(5));
+        for _ in 0..3 {
+            assert!(matches!(run(&cb, sid), Err(CbError::BadReply(_))));
+            assert_eq!(state.back_path(&sid), Some(Path::Down));
+        }
+        assert!(run(&cb, sid).is_ok());
+        assert_eq!(state.back_path(&sid), Some(Path::Up));
+        // None of the bad answers took the slot's sequence id.
+        assert_eq!(*seqs.lock().unwrap(), vec![1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_call_with_no_answer_leaves_its_sequence_id_to_the_next() {
+        let n = Arc::new(AtomicU32::new(0));
+        let seqs: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let (k, log) = (n.clone(), seqs.clone());
+        let (state, sid, _conn) = session(Arc::new(move |a: &CbCompoundArgs| {
+            let CbArgOp::Sequence(s) = &a.ops[0] else {
+                panic!("{a:?}")
+            };
+            log.lock().unwrap().push(s.sequenceid);
+            // The second call is lost; the others are answered.
+            (k.fetch_add(1, Ordering::Relaxed) != 1)
+                .then(|| answered(a, s.sessionid, 0, s.sequenceid))
+        }));
+        let cb = Callbacks::new(state.clone(), Duration::from_millis(300));
+        assert!(run(&cb, sid).is_ok());
+        assert!(matches!(run(&cb, sid), Err(CbError::Timeout(_))));
+        assert!(run(&cb, sid).is_ok());
+        assert!(run(&cb, sid).is_ok());
+        assert_eq!(*seqs.lock().unwrap(), vec![1, 2, 2, 3]);
     }
 
     #[test]

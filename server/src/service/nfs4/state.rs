@@ -715,13 +715,27 @@ impl State4 {
             .map(|b| b.path)
     }
 
-    /// The next sequence id of the backchannel's slot, and the session's
-    /// minor version.
+    /// The sequence id the backchannel's slot takes next, and the
+    /// session's minor version. The slot moves on only once the client
+    /// has taken a call in it ([`State4::back_seq_done`]): a call it never
+    /// saw (no reply, or an error from CB_SEQUENCE) leaves the same id for
+    /// the next.
     pub fn next_back_seq(&self, sid: &SessionId4) -> Option<(u32, u32)> {
-        let mut t = self.lock();
-        let b = t.sessions.get_mut(sid)?.back.as_mut()?;
-        b.seq = b.seq.wrapping_add(1);
-        Some((b.seq, b.minor))
+        let t = self.lock();
+        let b = t.sessions.get(sid)?.back.as_ref()?;
+        Some((b.seq.wrapping_add(1), b.minor))
+    }
+
+    /// The client's CB_SEQUENCE took sequence id `seq` of the slot.
+    pub fn back_seq_done(&self, sid: &SessionId4, seq: u32) {
+        if let Some(b) = self
+            .lock()
+            .sessions
+            .get_mut(sid)
+            .and_then(|s| s.back.as_mut())
+        {
+            b.seq = seq;
+        }
     }
 
     /// Where a call on the session's backchannel goes: the connection, the
