@@ -416,6 +416,10 @@ fn start() -> Result<()> {
         max_io: service_config.max_io,
         ..RdmaConfig::default()
     };
+    if !service_config.nfs4.enabled() {
+        // No NFSv4: nothing calls the client back.
+        rdma.backward_calls = 0;
+    }
     if let Some(n) = args.max_connections.or(cfg.max_connections) {
         rdma.max_connections = n;
     }

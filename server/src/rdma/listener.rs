@@ -45,7 +45,7 @@ impl RdmaListener {
         let credits = cfg.credits.max(1);
         let per_connection = Pool::entries_per_connection(
             send_queue_depth(credits, attrs.max_qp_wr),
-            credits + BACKWARD_CALLS,
+            credits + cfg.backward(),
         );
         let shared = if cfg.srq_buffers == 0 {
             None
@@ -372,7 +372,7 @@ fn set_up(
     // their replies: none on a shared receive queue, and none without
     // NFSv4 (the only protocol that calls the client back over RDMA).
     let backward = if at.shared.is_none() && service.config().nfs4.enabled() {
-        BACKWARD_CALLS
+        cfg.backward_calls
     } else {
         0
     };

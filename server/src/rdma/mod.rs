@@ -82,6 +82,11 @@ pub struct RdmaConfig {
     /// connection posts `credits` buffers of its own (the default). A
     /// device without shared receive queues falls back to that, logged.
     pub srq_buffers: u32,
+    /// Backward calls (RFC 8167: NFSv4.1 callbacks) each connection can
+    /// have waiting for replies, a receive and a send buffer each
+    /// ([`listener::BACKWARD_CALLS`]; 0 without NFSv4). None on a shared
+    /// receive queue, whatever this says.
+    pub backward_calls: u32,
 }
 
 impl Default for RdmaConfig {
@@ -99,6 +104,7 @@ impl Default for RdmaConfig {
             max_connections: 256,
             threads: default_threads(),
             srq_buffers: 0,
+            backward_calls: listener::BACKWARD_CALLS,
         }
     }
 }
@@ -111,8 +117,8 @@ pub fn default_threads() -> usize {
 
 impl RdmaConfig {
     /// Bytes of registered memory one connection holds for its life: a
-    /// receive buffer and a send buffer per credit (a send buffer only,
-    /// with shared receive queues: see
+    /// receive buffer and a send buffer per credit and per backward call
+    /// (a send buffer per credit only, with shared receive queues: see
     /// [`RdmaConfig::shared_receive_memory`]). The memory its calls'
     /// chunks land in and its replies' data is staged in comes from the
     /// device's arena as calls need it, at most
@@ -120,12 +126,22 @@ impl RdmaConfig {
     pub fn memory_per_connection(&self) -> usize {
         let inline = CmPrivate::representable(self.inline_size) as usize;
         let slots = self.credits as usize;
-        let receive = if self.srq_buffers > 0 {
+        if self.srq_buffers > 0 {
+            slots * inline
+        } else {
+            2 * (slots + self.backward() as usize) * inline
+        }
+    }
+
+    /// Backward calls a connection makes room for: none on a shared
+    /// receive queue (their replies need receives of the connection's
+    /// own).
+    pub fn backward(&self) -> u32 {
+        if self.srq_buffers > 0 {
             0
         } else {
-            slots * inline
-        };
-        receive + slots * inline
+            self.backward_calls
+        }
     }
 
     /// Bytes of the shared receive queues' buffers, for the daemon's life:
@@ -190,7 +206,8 @@ mod tests {
         let n = cfg.default_max_connections(2 << 30);
         assert_eq!(n as u64, (1 << 30) / per);
         assert!(n as u64 * per <= 1 << 30 && (n as u64 + 1) * per > 1 << 30);
-        assert_eq!(cfg.default_max_connections(64 << 30), 32 * 1024);
+        // 32 GiB over 1 MiB + 32 KiB each.
+        assert_eq!(cfg.default_max_connections(64 << 30), 31_775);
         // A machine too small for one still serves one.
         assert_eq!(cfg.default_max_connections(per), 1);
         assert_eq!(cfg.default_max_connections(0), 1);
@@ -217,10 +234,16 @@ mod tests {
 
     #[test]
     fn memory_per_connection_counts_every_buffer() {
-        // 128 receive and 128 send buffers of 4 KiB: 1 MiB.
+        // 128 receive and 128 send buffers of 4 KiB, and 4 of each for
+        // backward calls: 1 MiB + 32 KiB.
         let cfg = RdmaConfig::default();
-        assert_eq!(cfg.memory_per_connection(), 2 * 128 * 4096);
-        assert_eq!(cfg.memory_per_connection(), 1 << 20);
+        assert_eq!(cfg.memory_per_connection(), 2 * (128 + 4) * 4096);
+        assert_eq!(cfg.memory_per_connection(), (1 << 20) + (32 << 10));
+        let v3_only = RdmaConfig {
+            backward_calls: 0,
+            ..RdmaConfig::default()
+        };
+        assert_eq!(v3_only.memory_per_connection(), 1 << 20);
         // Per chunk slot (4), a call's landing and its staged reply data
         // of at most 1 MiB + 64 KiB each, from the arena.
         assert_eq!(
@@ -236,6 +259,7 @@ mod tests {
             ..RdmaConfig::default()
         };
         assert_eq!(shared.memory_per_connection(), 128 * 4096);
+        assert_eq!(shared.backward(), 0);
         assert_eq!(shared.shared_receive_memory(), 2 * 1024 * 4096);
     }
 }
