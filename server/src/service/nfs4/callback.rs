@@ -233,6 +233,34 @@ enum Job {
     },
 }
 
+impl Job {
+    fn session(&self) -> SessionId4 {
+        match self {
+            Job::Probe(sid) | Job::Compound { sid, .. } => *sid,
+        }
+    }
+}
+
+/// Most threads sending calls at once: each waits for one reply (a
+/// session's backchannel has one slot, so its calls go one at a time).
+const MAX_CALLERS: usize = 8;
+
+/// The calls waiting to go, by session: a session is served by one
+/// thread at a time, in order, so a client that does not answer holds up
+/// its own calls only.
+#[derive(Default)]
+struct Queue {
+    waiting: HashMap<SessionId4, std::collections::VecDeque<Job>>,
+    /// Sessions with calls waiting and no thread on them, in turn.
+    ready: std::collections::VecDeque<SessionId4>,
+    /// Sessions a thread is serving.
+    busy: std::collections::HashSet<SessionId4>,
+    threads: usize,
+    idle: usize,
+    /// The server is going: idle threads end.
+    closed: bool,
+}
+
 /// Why a callback failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CbError {
@@ -250,28 +278,43 @@ pub enum CbError {
     Sequence(Status),
 }
 
-/// The server's calls to its clients: one thread that sends them and
-/// waits for each reply, started with the first call.
+/// The server's calls to its clients: threads that send them and wait
+/// for their replies, started as calls come (at most [`MAX_CALLERS`]),
+/// each serving one session at a time.
 pub struct Callbacks {
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    queue: Arc<(Mutex<Queue>, std::sync::Condvar)>,
+    worker: Arc<Worker>,
     /// Sessions with a probe queued: one at a time each, so that a client
     /// binding connections in a loop queues no more.
     probing: Arc<Mutex<std::collections::HashSet<SessionId4>>>,
-    state: Arc<State4>,
     stats: Arc<CbStats>,
-    timeout: Duration,
+}
+
+impl Drop for Callbacks {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.queue;
+        lock.lock().expect("callback queue").closed = true;
+        wake.notify_all();
+    }
 }
 
 impl Callbacks {
     /// Callbacks for the sessions of `state`, each waiting `timeout` for
     /// its reply.
     pub fn new(state: Arc<State4>, timeout: Duration) -> Callbacks {
+        let probing: Arc<Mutex<std::collections::HashSet<SessionId4>>> = Arc::default();
+        let stats: Arc<CbStats> = Arc::default();
         Callbacks {
-            jobs: Mutex::new(None),
-            probing: Arc::default(),
-            state,
-            stats: Arc::default(),
-            timeout,
+            queue: Arc::default(),
+            worker: Arc::new(Worker {
+                probing: probing.clone(),
+                state: state.clone(),
+                stats: stats.clone(),
+                timeout,
+                xid: AtomicU32::new(rand_xid()),
+            }),
+            probing,
+            stats,
         }
     }
 
@@ -296,28 +339,24 @@ impl Callbacks {
     }
 
     fn submit(&self, job: Job) {
-        let mut jobs = self.jobs.lock().expect("callback queue");
-        if jobs.is_none() {
-            let (tx, rx) = mpsc::channel();
-            let worker = Worker {
-                probing: self.probing.clone(),
-                state: self.state.clone(),
-                stats: self.stats.clone(),
-                timeout: self.timeout,
-                xid: AtomicU32::new(rand_xid()),
-            };
+        let (lock, wake) = &*self.queue;
+        let mut q = lock.lock().expect("callback queue");
+        let sid = job.session();
+        q.waiting.entry(sid).or_default().push_back(job);
+        if !q.busy.contains(&sid) && !q.ready.contains(&sid) {
+            q.ready.push_back(sid);
+        }
+        if q.idle == 0 && q.threads < MAX_CALLERS {
+            let (queue, worker) = (self.queue.clone(), self.worker.clone());
             let spawned = std::thread::Builder::new()
                 .name("nfs4-callbacks".into())
-                .spawn(move || worker.run(rx));
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "cannot start the callback thread");
-                return;
+                .spawn(move || worker.serve(&queue));
+            match spawned {
+                Ok(_) => q.threads += 1,
+                Err(e) => tracing::error!(error = %e, "cannot start a callback thread"),
             }
-            *jobs = Some(tx);
         }
-        if let Some(tx) = jobs.as_ref() {
-            let _ = tx.send(job);
-        }
+        wake.notify_one();
     }
 
     /// Probes the session's backchannel with CB_NULL (unless a probe of
@@ -351,6 +390,7 @@ fn rand_xid() -> u32 {
         .unwrap_or(1)
 }
 
+/// What the callback threads share.
 struct Worker {
     probing: Arc<Mutex<std::collections::HashSet<SessionId4>>>,
     state: Arc<State4>,
@@ -360,20 +400,50 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(self, rx: mpsc::Receiver<Job>) {
-        while let Ok(job) = rx.recv() {
-            match job {
-                Job::Probe(sid) => {
-                    self.probing.lock().expect("probes queued").remove(&sid);
-                    let r = self.call(&sid, cb::PROC_NULL, None);
-                    let path = if r.is_ok() { Path::Up } else { Path::Down };
-                    if let Err(e) = &r {
-                        tracing::info!(error = %e, "NFSv4 backchannel probe failed");
-                    }
-                    self.state.set_back_path(&sid, path);
+    /// A callback thread: takes a session with calls waiting, makes its
+    /// next call, and gives the session back.
+    fn serve(&self, queue: &(Mutex<Queue>, std::sync::Condvar)) {
+        let (lock, wake) = queue;
+        let mut q = lock.lock().expect("callback queue");
+        loop {
+            let Some(sid) = q.ready.pop_front() else {
+                if q.closed {
+                    return;
                 }
-                Job::Compound { sid, ops, done } => done(self.compound(&sid, ops)),
+                q.idle += 1;
+                q = wake.wait(q).expect("callback queue");
+                q.idle -= 1;
+                continue;
+            };
+            let Some(job) = q.waiting.get_mut(&sid).and_then(|w| w.pop_front()) else {
+                q.waiting.remove(&sid);
+                continue;
+            };
+            q.busy.insert(sid);
+            drop(q);
+            self.run(job);
+            q = lock.lock().expect("callback queue");
+            q.busy.remove(&sid);
+            if q.waiting.get(&sid).is_some_and(|w| !w.is_empty()) {
+                q.ready.push_back(sid);
+            } else {
+                q.waiting.remove(&sid);
             }
+        }
+    }
+
+    fn run(&self, job: Job) {
+        match job {
+            Job::Probe(sid) => {
+                self.probing.lock().expect("probes queued").remove(&sid);
+                let r = self.call(&sid, cb::PROC_NULL, None);
+                let path = if r.is_ok() { Path::Up } else { Path::Down };
+                if let Err(e) = &r {
+                    tracing::info!(error = %e, "NFSv4 backchannel probe failed");
+                }
+                self.state.set_back_path(&sid, path);
+            }
+            Job::Compound { sid, ops, done } => done(self.compound(&sid, ops)),
         }
     }
 
@@ -571,8 +641,18 @@ mod tests {
     /// with `answer` (on another thread, as a reader would).
     fn session(answer: Arc<Answer>) -> (Arc<State4>, SessionId4, Arc<BackConn>) {
         let state = Arc::new(State4::new(Duration::from_secs(90)));
+        let (sid, conn) = session_of(&state, b"c", answer);
+        (state, sid, conn)
+    }
+
+    /// A session of client `owner` in `state`, as [`session`] makes one.
+    fn session_of(
+        state: &Arc<State4>,
+        owner: &'static [u8],
+        answer: Arc<Answer>,
+    ) -> (SessionId4, Arc<BackConn>) {
         let (id, seq, _) = state
-            .exchange_id(&Opaque4(Bytes::from_static(b"c")), [1; 8], None, false)
+            .exchange_id(&Opaque4(Bytes::from_static(owner)), [1; 8], None, false)
             .unwrap();
         let conn_slot: Arc<Mutex<Weak<BackConn>>> = Arc::default();
         let slot = conn_slot.clone();
@@ -622,7 +702,7 @@ mod tests {
             max_slots: 4,
         };
         let res = state.create_session(&args, limits, None, back).unwrap();
-        (state, res.sessionid, conn)
+        (res.sessionid, conn)
     }
 
     fn recall() -> CbArgOp {
@@ -783,6 +863,60 @@ mod tests {
         assert!(run(&cb, sid).is_ok());
         assert!(run(&cb, sid).is_ok());
         assert_eq!(*seqs.lock().unwrap(), vec![1, 2, 2, 3]);
+    }
+
+    #[test]
+    fn a_client_that_does_not_answer_holds_up_its_own_calls_only() {
+        let state = Arc::new(State4::new(Duration::from_secs(90)));
+        // The silent client notes how many of its calls were out as each
+        // came.
+        let out = Arc::new(AtomicU32::new(0));
+        let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let (o, log) = (out.clone(), seen.clone());
+        let (silent, _c1) = session_of(
+            &state,
+            b"silent",
+            Arc::new(move |_: &CbCompoundArgs| {
+                log.lock().unwrap().push(o.fetch_add(1, Ordering::SeqCst));
+                None
+            }),
+        );
+        let (other, _c2) = session_of(
+            &state,
+            b"answers",
+            Arc::new(|a: &CbCompoundArgs| {
+                let CbArgOp::Sequence(s) = &a.ops[0] else {
+                    panic!("{a:?}")
+                };
+                Some(answered(a, s.sessionid, 0, s.sequenceid))
+            }),
+        );
+        let cb = Callbacks::new(state.clone(), Duration::from_secs(4));
+        let (tx1, rx1) = mpsc::channel();
+        let (tx2, rx2) = mpsc::channel();
+        for _ in 0..2 {
+            let (tx, o) = (tx1.clone(), out.clone());
+            cb.compound(silent, vec![recall()], move |r| {
+                o.fetch_sub(1, Ordering::SeqCst);
+                tx.send(r).unwrap()
+            });
+        }
+        cb.compound(other, vec![recall()], move |r| tx2.send(r).unwrap());
+        // The other client's call is answered while the silent one's first
+        // call still waits for its reply.
+        assert!(rx2.recv_timeout(Duration::from_secs(20)).unwrap().is_ok());
+        assert_eq!(rx1.try_recv().err(), Some(mpsc::TryRecvError::Empty));
+        // The silent client's calls go one at a time (its backchannel has
+        // one slot), each timing out.
+        for _ in 0..2 {
+            assert!(matches!(
+                rx1.recv_timeout(Duration::from_secs(20)).unwrap(),
+                Err(CbError::Timeout(_))
+            ));
+        }
+        assert_eq!(*seen.lock().unwrap(), vec![0, 0]);
+        assert_eq!(cb.stats().failed.load(Ordering::Relaxed), 2);
+        assert_eq!(cb.stats().answered.load(Ordering::Relaxed), 1);
     }
 
     #[test]
