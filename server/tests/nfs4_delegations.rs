@@ -553,3 +553,36 @@ fn a_client_answering_its_recall_with_garbage_has_its_path_down_and_others_are_s
     assert_eq!(stats.recall_failed.load(Ordering::Relaxed), 1);
     assert_eq!(stats.recalled.load(Ordering::Relaxed), 2);
 }
+
+#[test]
+fn another_clients_io_with_the_anonymous_stateid_recalls_a_conflicting_delegation() {
+    let srv = server(true);
+    let (mut a, recalls) = client(&srv, "holder");
+    let (mut b, _) = client(&srv, "anonymous");
+    // A holds a read delegation: B's anonymous READ goes through (reads
+    // do not conflict), B's anonymous WRITE recalls it.
+    let (oa, fh) = opened(&open(&mut a, "anon", share::ACCESS_READ, true));
+    let OpenDelegation4::Read(da, ..) = oa.delegation else {
+        panic!("{:?}", oa.delegation)
+    };
+    assert_eq!(read(&mut b, &fh, Stateid4::ANONYMOUS), Status::OK);
+    assert!(recalls.lock().unwrap().is_empty());
+    assert_eq!(write(&mut b, &fh, Stateid4::ANONYMOUS, b"b"), Status::DELAY);
+    take_call(&mut a);
+    assert_eq!(*recalls.lock().unwrap(), vec![da]);
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    assert_eq!(write(&mut b, &fh, Stateid4::ANONYMOUS, b"b"), Status::OK);
+    // A write delegation (on another file) is recalled by B's anonymous
+    // READ, and by the READ bypass stateid's too.
+    let (ow, fw) = opened(&open(&mut a, "anon-w", share::ACCESS_BOTH, true));
+    let OpenDelegation4::Write(dw, ..) = ow.delegation else {
+        panic!("{:?}", ow.delegation)
+    };
+    assert_eq!(write(&mut a, &fw, dw, b"cached at a"), Status::OK);
+    assert_eq!(read(&mut b, &fw, Stateid4::BYPASS), Status::DELAY);
+    take_call(&mut a);
+    assert_eq!(recalls.lock().unwrap().last(), Some(&dw));
+    assert_eq!(read(&mut b, &fw, Stateid4::ANONYMOUS), Status::DELAY);
+    assert_eq!(delegreturn(&mut a, &fw, dw), Status::OK);
+    assert_eq!(read(&mut b, &fw, Stateid4::ANONYMOUS), Status::OK);
+}

@@ -446,6 +446,11 @@ impl Service {
         self.nfs4
             .state
             .check_io(cx.client, &sid, (t.idx, ino), false)?;
+        if sid.is_special() {
+            // I/O outside any open: a write delegation of another client
+            // may hold data this read would miss.
+            self.break_delegations4(cx.client, (t.idx, ino), false)?;
+        }
         let count = a.count.min(self.config.max_io);
         let (data, eof) = fs.read(ino, &t.cred, a.offset, count).map_err(st)?;
         Ok(ReadResOk {
@@ -467,6 +472,11 @@ impl Service {
         self.nfs4
             .state
             .check_io(cx.client, &sid, (t.idx, ino), true)?;
+        if sid.is_special() {
+            // A write outside any open conflicts with every other
+            // client's delegation of the file.
+            self.break_delegations4(cx.client, (t.idx, ino), true)?;
+        }
         fs.write(ino, &t.cred, a.offset, &a.data).map_err(st)?;
         Ok(WriteResOk {
             count: a.data.len() as u32,
