@@ -395,7 +395,7 @@ impl Connection {
         // The server's calls to the client (an NFSv4.1 backchannel) go out
         // through the writer too.
         let (cb_tx, cb_rx) = mpsc::unbounded_channel::<Vec<Bytes>>();
-        let back = BackConn::new(move |mut parts: Vec<Bytes>| {
+        let back = BackConn::new(Transport::Tcp, move |mut parts: Vec<Bytes>| {
             let len: usize = parts.iter().map(Bytes::len).sum();
             parts.insert(0, Bytes::copy_from_slice(&marker(len as u32, true)));
             cb_tx.send(parts).is_ok()

@@ -150,7 +150,7 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
     assert!(
         srv.service
             .report()
-            .contains("nfs4 backchannel: calls sent 2, answered 1, failed 1"),
+            .contains("nfs4 backchannel: calls sent 2, answered 1, failed 1; over RDMA sent 0, answered 0, failed 0"),
         "{}",
         srv.service.report()
     );
@@ -160,6 +160,7 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
             "nfsrdmad_nfs4_callbacks_sent_total 2",
             "nfsrdmad_nfs4_callbacks_answered_total 1",
             "nfsrdmad_nfs4_callbacks_failed_total 1",
+            "nfsrdmad_nfs4_callbacks_over_rdma_sent_total 0",
         ],
     );
 }

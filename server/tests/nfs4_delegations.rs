@@ -259,7 +259,7 @@ fn read_delegations_are_recalled_by_another_clients_open_for_writing_and_returne
     );
     let report = srv.service.report();
     assert!(
-        report.contains("nfs4 delegations: granted read 2, write 0, recalled 2 (failed 0), returned 2, revoked 0"),
+        report.contains("nfs4 delegations: granted read 2, write 0, recalled 2 (failed 0), returned 2, revoked 0; granted over RDMA 0"),
         "{report}"
     );
     assert_metrics(
@@ -269,6 +269,7 @@ fn read_delegations_are_recalled_by_another_clients_open_for_writing_and_returne
             "nfsrdmad_nfs4_delegations_recalled_total 2",
             "nfsrdmad_nfs4_delegations_returned_total 2",
             "nfsrdmad_nfs4_delegations_revoked_total 0",
+            "nfsrdmad_nfs4_delegations_granted_over_rdma_total 0",
         ],
     );
 }

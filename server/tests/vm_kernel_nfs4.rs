@@ -699,15 +699,19 @@ fn write_delegation_until_nfsv3_writes(opts: &str, rdma: bool) {
     );
     let cb = report_numbers(&report, "nfs4 backchannel: ");
     assert_eq!(cb[2], 0, "no call back failed: {cb:?}");
-    // Over RDMA the probe and the recall were backward calls, answered.
+    // Over RDMA the probe and the recall were backward calls, answered,
+    // and the delegation counted as granted over RDMA.
     let (calls, replies, dropped) = backward_calls(&report);
     if rdma {
         assert!(
             replies >= 2 && replies == calls && dropped == 0,
             "backward calls {calls}, answered {replies}, dropped {dropped}"
         );
+        assert_eq!((cb[3], cb[4]), (calls, replies), "{cb:?}");
+        assert!(n[6] >= 1, "delegations: {n:?}");
     } else {
         assert_eq!(calls, 0, "no backward call without an RDMA mount");
+        assert_eq!((cb[3], n[6]), (0, 0), "{cb:?} {n:?}");
     }
 }
 
@@ -804,14 +808,18 @@ fn second_client_recalls(a_opts: &str, rdma: bool) {
     );
     let cb = report_numbers(&report, "nfs4 backchannel: ");
     assert!(cb[0] >= 3 && cb[2] == 0, "backchannel calls: {cb:?}");
-    // A's probe and the recall: backward calls over RDMA, answered.
+    // A's probe and the recall: backward calls over RDMA, answered; A's
+    // delegations counted as granted over RDMA.
     let (calls, replies, dropped) = backward_calls(&report);
     if rdma {
         assert!(
             replies >= 2 && replies == calls && dropped == 0,
             "backward calls {calls}, answered {replies}, dropped {dropped}"
         );
+        assert_eq!((cb[3], cb[4]), (calls, replies), "{cb:?}");
+        assert!(n[6] >= 1, "delegations: {n:?}");
     } else {
         assert_eq!(calls, 0, "no backward call without an RDMA mount");
+        assert_eq!((cb[3], n[6]), (0, 0), "{cb:?} {n:?}");
     }
 }

@@ -277,6 +277,25 @@ impl Collector for Sources {
             "Calls to NFSv4.1 clients answered with RPC success",
             load(&cb.answered),
         )?;
+        for (name, help, v) in [
+            (
+                "nfs4_callbacks_over_rdma_sent",
+                "Calls to NFSv4.1 clients sent on RDMA connections (RFC 8167 backward calls)",
+                &cb.rdma_sent,
+            ),
+            (
+                "nfs4_callbacks_over_rdma_answered",
+                "Calls to NFSv4.1 clients on RDMA connections answered with RPC success",
+                &cb.rdma_answered,
+            ),
+            (
+                "nfs4_callbacks_over_rdma_failed",
+                "Calls to NFSv4.1 clients on RDMA connections that failed",
+                &cb.rdma_failed,
+            ),
+        ] {
+            counter(&mut e, name, help, load(v))?;
+        }
         let dl = &self.service.nfs4().delegs;
         for (name, help, v) in [
             (
@@ -308,6 +327,11 @@ impl Collector for Sources {
                 "nfs4_delegations_revoked",
                 "NFSv4.1 delegations revoked: their recall went unanswered for a lease",
                 &dl.revoked,
+            ),
+            (
+                "nfs4_delegations_granted_over_rdma",
+                "NFSv4.1 delegations granted to sessions whose backchannel is on an RDMA connection",
+                &dl.granted_over_rdma,
             ),
         ] {
             counter(&mut e, name, help, load(v))?;

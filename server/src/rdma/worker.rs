@@ -28,6 +28,7 @@ use super::conn::{Conn, ConnError};
 use super::long::{Back, LongSender, LongThreads};
 use super::shared::SharedRecv;
 use super::RdmaStats;
+use crate::service::metrics::Transport;
 use crate::service::nfs4::callback::BackConn;
 use crate::service::{Reply, Service};
 use bytes::Bytes;
@@ -364,7 +365,7 @@ impl Pool {
         let (tx, waker) = (t.tx.clone(), t.waker.clone());
         let serial = at.serial;
         let room = inline_send.saturating_sub(BARE_HEADER) as usize;
-        Ok(BackConn::new(move |parts: Vec<Bytes>| {
+        Ok(BackConn::new(Transport::Rdma, move |parts: Vec<Bytes>| {
             if parts.iter().map(Bytes::len).sum::<usize>() > room {
                 return false;
             }

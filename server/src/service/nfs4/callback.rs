@@ -23,6 +23,7 @@ use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::state::State4;
+use crate::service::metrics::Transport;
 
 /// Most connections one session keeps bound to its backchannel: binding
 /// one more forgets the oldest.
@@ -30,6 +31,8 @@ const MAX_BACK_CONNS: usize = 4;
 
 /// One transport connection as the backchannel sees it.
 pub struct BackConn {
+    /// The transport the connection is on.
+    transport: Transport,
     /// Hands one RPC message to the connection's writer; `false` once the
     /// connection is gone.
     send: Box<dyn Fn(Vec<Bytes>) -> bool + Send + Sync>,
@@ -39,13 +42,23 @@ pub struct BackConn {
 }
 
 impl BackConn {
-    /// A connection whose writer takes a message (its parts) through `send`.
-    pub fn new(send: impl Fn(Vec<Bytes>) -> bool + Send + Sync + 'static) -> Arc<BackConn> {
+    /// A connection on `transport` whose writer takes a message (its
+    /// parts) through `send`.
+    pub fn new(
+        transport: Transport,
+        send: impl Fn(Vec<Bytes>) -> bool + Send + Sync + 'static,
+    ) -> Arc<BackConn> {
         Arc::new(BackConn {
+            transport,
             send: Box::new(send),
             waiting: Mutex::new(HashMap::new()),
             open: AtomicBool::new(true),
         })
+    }
+
+    /// The transport the connection is on.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// Whether the connection is still there.
@@ -219,6 +232,13 @@ pub struct CbStats {
     pub answered: AtomicU64,
     /// Calls that failed: no connection, no answer in time, an RPC error.
     pub failed: AtomicU64,
+    /// Of the calls sent, those on an RDMA connection (RFC 8167 backward
+    /// calls); the rest went over TCP.
+    pub rdma_sent: AtomicU64,
+    /// Of those, answered with RPC success.
+    pub rdma_answered: AtomicU64,
+    /// Of those, failed.
+    pub rdma_failed: AtomicU64,
 }
 
 /// What the callback thread is asked to do.
@@ -331,10 +351,13 @@ impl Callbacks {
             return String::new();
         }
         format!(
-            "nfs4 backchannel: calls sent {}, answered {}, failed {}\n",
+            "nfs4 backchannel: calls sent {}, answered {}, failed {}; over RDMA sent {}, answered {}, failed {}\n",
             v(&s.sent),
             v(&s.answered),
-            v(&s.failed)
+            v(&s.failed),
+            v(&s.rdma_sent),
+            v(&s.rdma_answered),
+            v(&s.rdma_failed),
         )
     }
 
@@ -503,16 +526,22 @@ impl Worker {
     /// One call on the session's newest backchannel connection: the
     /// decoder at the reply's results.
     fn call(&self, sid: &SessionId4, proc_: u32, args: Option<Bytes>) -> Result<Decoder, CbError> {
-        let sent = |r: Result<Decoder, CbError>| {
-            match &r {
-                Ok(_) => self.stats.answered.fetch_add(1, Ordering::Relaxed),
-                Err(_) => self.stats.failed.fetch_add(1, Ordering::Relaxed),
-            };
-            r
-        };
         let Some((conn, program, cred)) = self.state.back_target(sid) else {
             self.stats.failed.fetch_add(1, Ordering::Relaxed);
             return Err(CbError::NoPath);
+        };
+        let rdma = conn.transport() == Transport::Rdma;
+        let sent = |r: Result<Decoder, CbError>| {
+            let s = &self.stats;
+            let (all, over_rdma) = match &r {
+                Ok(_) => (&s.answered, &s.rdma_answered),
+                Err(_) => (&s.failed, &s.rdma_failed),
+            };
+            all.fetch_add(1, Ordering::Relaxed);
+            if rdma {
+                over_rdma.fetch_add(1, Ordering::Relaxed);
+            }
+            r
         };
         let xid = self.xid.fetch_add(1, Ordering::Relaxed);
         let mut h = BytesMut::new();
@@ -520,6 +549,9 @@ impl Worker {
         let mut parts = vec![h.freeze()];
         parts.extend(args);
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
+        if rdma {
+            self.stats.rdma_sent.fetch_add(1, Ordering::Relaxed);
+        }
         let Some(rx) = conn.call(xid, parts) else {
             return sent(Err(CbError::NoPath));
         };
@@ -656,7 +688,7 @@ mod tests {
             .unwrap();
         let conn_slot: Arc<Mutex<Weak<BackConn>>> = Arc::default();
         let slot = conn_slot.clone();
-        let conn = BackConn::new(move |parts: Vec<Bytes>| {
+        let conn = BackConn::new(Transport::Tcp, move |parts: Vec<Bytes>| {
             let msg: Vec<u8> = parts.concat();
             let (h, d) = split_message(Bytes::from(msg)).unwrap();
             // CB_NULL (no arguments) goes unanswered here.

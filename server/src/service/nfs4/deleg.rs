@@ -16,6 +16,7 @@
 
 use super::state::{Conflict, FileKey};
 use super::{Cx, Fh};
+use crate::service::metrics::Transport;
 use crate::service::{Export, Service};
 use crate::store::Ino;
 use nfsrdma_xdr::nfs3::NfsStat3;
@@ -53,6 +54,9 @@ pub struct DelegStats {
     pub returned: AtomicU64,
     /// Delegations revoked (their recall unanswered for a lease).
     pub revoked: AtomicU64,
+    /// Of those granted, those whose session's backchannel was on an RDMA
+    /// connection (the rest: on TCP).
+    pub granted_over_rdma: AtomicU64,
 }
 
 impl DelegStats {
@@ -63,13 +67,14 @@ impl DelegStats {
             return String::new();
         }
         format!(
-            "nfs4 delegations: granted read {}, write {}, recalled {} (failed {}), returned {}, revoked {}\n",
+            "nfs4 delegations: granted read {}, write {}, recalled {} (failed {}), returned {}, revoked {}; granted over RDMA {}\n",
             v(&self.granted_read),
             v(&self.granted_write),
             v(&self.recalled),
             v(&self.recall_failed),
             v(&self.returned),
             v(&self.revoked),
+            v(&self.granted_over_rdma),
         )
     }
 }
@@ -109,6 +114,17 @@ impl Service {
         else {
             return OpenDelegation4::None;
         };
+        if self
+            .nfs4
+            .state
+            .back_target(&session)
+            .is_some_and(|(c, ..)| c.transport() == Transport::Rdma)
+        {
+            self.nfs4
+                .delegs
+                .granted_over_rdma
+                .fetch_add(1, Ordering::Relaxed);
+        }
         // Nothing is said of permissions: the client asks ACCESS.
         let ace = Nfsace4::default();
         if write {
