@@ -1038,3 +1038,60 @@ fn two_daemons_on_one_host_are_two_servers_to_a_client() {
     assert!(oa.starts_with(b"nfsrdmad@"), "{oa:?}");
     assert_ne!(oa, ob, "one server owner for two servers");
 }
+
+#[test]
+fn a_delegation_held_before_a_restart_is_granted_again_at_its_reclaim() {
+    let dir = std::env::temp_dir().join(format!("nfsrdmad-redeleg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let args = [
+        "--no-rdma",
+        "--state",
+        state.to_str().unwrap(),
+        "--lease",
+        "10",
+        "--grace",
+        "120",
+    ];
+    let (child, addr) = serving(&args, std::process::Stdio::null());
+    let mut a = V4::new(addr, "client a");
+    let (_, fha) = a.open("a-file", true);
+    let mut b = V4::new(addr, "client b");
+    let (_, fhb) = b.open("b-file", true);
+    stop_daemon(child);
+
+    let (child, addr) = serving(&args, std::process::Stdio::null());
+    // A comes back with a backchannel (its probe answered) and reclaims
+    // its open with the write delegation it held: granted again, not to
+    // be returned at once.
+    let mut a = V4::reclaiming_with_back(addr, "client a");
+    let r = open_fh(&mut a, &fha, OpenClaim4::Previous(2));
+    let ResOp::Open(Ok(o)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert!(
+        matches!(o.delegation, OpenDelegation4::Write(_, false, ..)),
+        "{:?}",
+        o.delegation
+    );
+    // B comes back without a backchannel and reclaims a read delegation:
+    // granted, with `recall` set, for B to return it at once.
+    let mut b = V4::reclaiming(addr, "client b");
+    let r = open_fh(&mut b, &fhb, OpenClaim4::Previous(1));
+    let ResOp::Open(Ok(o)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    let OpenDelegation4::Read(db, true, _) = o.delegation else {
+        panic!("{:?}", o.delegation)
+    };
+    let r = b.run(vec![ArgOp::Putfh(fhb.clone()), ArgOp::Delegreturn(db)]);
+    assert_eq!(r.status, Status::OK, "{r:?}");
+    // Reclaiming with no delegation held gets none.
+    let r = open_fh(&mut b, &fhb, OpenClaim4::Previous(0));
+    let ResOp::Open(Ok(o)) = &r.results[2] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(o.delegation, OpenDelegation4::None);
+    stop_daemon(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -116,6 +116,12 @@ impl V4 {
         V4::session(addr, owner, false)
     }
 
+    /// As [`V4::reclaiming`], with a backchannel on the connection whose
+    /// probe (CB_NULL) was answered.
+    pub fn reclaiming_with_back(addr: std::net::SocketAddr, owner: &'static str) -> V4 {
+        V4::session(addr, owner, true)
+    }
+
     /// As [`V4::new`], with a backchannel on the connection whose probe
     /// (CB_NULL) was answered.
     pub fn with_back(addr: std::net::SocketAddr, owner: &'static str) -> V4 {

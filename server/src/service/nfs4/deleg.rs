@@ -14,6 +14,7 @@
 //! NFS4ERR_DELAY or NFS3ERR_JUKEBOX until the delegation comes back; the
 //! caller's retry then proceeds.
 
+use super::callback::Path;
 use super::state::{Conflict, FileKey};
 use super::{Cx, Fh};
 use crate::service::metrics::Transport;
@@ -22,7 +23,7 @@ use crate::store::Ino;
 use nfsrdma_xdr::nfs3::NfsStat3;
 use nfsrdma_xdr::nfs4::cb::{CbArgOp, CbRecallArgs, CbResOp};
 use nfsrdma_xdr::nfs4::ops::{Nfsace4, OpenDelegation4, SpaceLimit4};
-use nfsrdma_xdr::nfs4::{share, Fh4, Stateid4, Status};
+use nfsrdma_xdr::nfs4::{share, Fh4, SessionId4, Stateid4, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -79,6 +80,11 @@ impl DelegStats {
     }
 }
 
+/// `open_delegation_type4`: a read delegation.
+const OPEN_DELEGATE_READ: u32 = 1;
+/// `open_delegation_type4`: a write delegation.
+const OPEN_DELEGATE_WRITE: u32 = 2;
+
 impl Service {
     /// The delegation an OPEN of `file` with `share_access` gets.
     pub(super) fn offer_delegation(
@@ -114,31 +120,71 @@ impl Service {
         else {
             return OpenDelegation4::None;
         };
-        if self
-            .nfs4
-            .state
-            .back_target(&session)
-            .is_some_and(|(c, ..)| c.transport() == Transport::Rdma)
-        {
-            self.nfs4
-                .delegs
-                .granted_over_rdma
-                .fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_grant(&session, write);
         // Nothing is said of permissions: the client asks ACCESS.
         let ace = Nfsace4::default();
         if write {
-            self.nfs4
-                .delegs
-                .granted_write
-                .fetch_add(1, Ordering::Relaxed);
             OpenDelegation4::Write(sid, false, SpaceLimit4::Size(u64::MAX), ace)
         } else {
-            self.nfs4
-                .delegs
-                .granted_read
-                .fetch_add(1, Ordering::Relaxed);
             OpenDelegation4::Read(sid, false, ace)
+        }
+    }
+
+    /// The delegation a reclaiming OPEN (CLAIM_PREVIOUS) gets: the one the
+    /// client held before the restart (`held`: OPEN_DELEGATE_READ or
+    /// _WRITE), granted again (RFC 8881 §10.2.1, §18.16.3: the client's
+    /// locks under it were never sent to the server, and are not
+    /// reclaimed otherwise). The session's backchannel is usually still
+    /// being probed then: it is granted all the same, with `recall` set
+    /// when the path was found down, so that the client returns it at
+    /// once (moving its opens and locks to the server first).
+    pub(super) fn reclaim_delegation(&self, cx: &Cx, file: FileKey, held: u32) -> OpenDelegation4 {
+        let write = match held {
+            OPEN_DELEGATE_READ => false,
+            OPEN_DELEGATE_WRITE => true,
+            _ => return OpenDelegation4::None,
+        };
+        let (Some(client), Some(session)) = (cx.client, cx.session) else {
+            return OpenDelegation4::None;
+        };
+        if !self.nfs4.config().delegations {
+            return OpenDelegation4::None;
+        }
+        let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
+            return OpenDelegation4::None;
+        };
+        let Some((sid, path)) = self
+            .nfs4
+            .state
+            .reclaim_delegation(client, &session, file, &fh, write)
+        else {
+            return OpenDelegation4::None;
+        };
+        let recall = path == Path::Down;
+        self.count_grant(&session, write);
+        let ace = Nfsace4::default();
+        if write {
+            OpenDelegation4::Write(sid, recall, SpaceLimit4::Size(u64::MAX), ace)
+        } else {
+            OpenDelegation4::Read(sid, recall, ace)
+        }
+    }
+
+    /// Counts a delegation granted on `session`.
+    fn count_grant(&self, session: &SessionId4, write: bool) {
+        let d = &self.nfs4.delegs;
+        if write {
+            d.granted_write.fetch_add(1, Ordering::Relaxed);
+        } else {
+            d.granted_read.fetch_add(1, Ordering::Relaxed);
+        }
+        if self
+            .nfs4
+            .state
+            .back_target(session)
+            .is_some_and(|(c, ..)| c.transport() == Transport::Rdma)
+        {
+            d.granted_over_rdma.fetch_add(1, Ordering::Relaxed);
         }
     }
 

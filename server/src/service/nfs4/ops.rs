@@ -786,8 +786,8 @@ impl Service {
         let (name, dir, claim, deleg) = match &a.claim {
             OpenClaim4::Null(name) => (Some(name), cur, Some(Claim::New), None),
             OpenClaim4::Fh => (None, cur, Some(Claim::New), None),
-            // The file itself is the current filehandle; delegations do
-            // not outlive a restart, so none is reclaimed.
+            // The file itself is the current filehandle; a delegation the
+            // client held is granted again below.
             OpenClaim4::Previous(_) => (None, cur, Some(Claim::Reclaim), None),
             OpenClaim4::DelegateCur(sid, name) => (Some(name), cur, None, Some(*sid)),
             OpenClaim4::DelegCurFh(sid) => (None, cur, None, Some(*sid)),
@@ -909,10 +909,10 @@ impl Service {
         })?;
         fs.hold(ino);
         drop(fs);
-        let delegation = if deleg.is_none() {
-            self.offer_delegation(cx, (t.idx, ino), a.share_access)
-        } else {
-            OpenDelegation4::None
+        let delegation = match (&a.claim, deleg) {
+            (OpenClaim4::Previous(held), _) => self.reclaim_delegation(cx, (t.idx, ino), *held),
+            (_, None) => self.offer_delegation(cx, (t.idx, ino), a.share_access),
+            (_, Some(_)) => OpenDelegation4::None,
         };
         cx.cur = Some(Fh::File(t.idx, ino));
         cx.cur_sid = Some(sid);

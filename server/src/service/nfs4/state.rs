@@ -1075,6 +1075,42 @@ impl State4 {
         if !up {
             return None;
         }
+        Self::insert_delegation(&mut t, self, client, session, file, fh, write)
+    }
+
+    /// A delegation of `file` the client held before a restart, granted
+    /// again at its reclaiming OPEN, with the state of the session's
+    /// backchannel (`Down` also when it has none): whatever that state,
+    /// as long as nothing else stands against it (in the grace period,
+    /// only other reclaims can).
+    pub fn reclaim_delegation(
+        &self,
+        client: u64,
+        session: &SessionId4,
+        file: FileKey,
+        fh: &[u8],
+        write: bool,
+    ) -> Option<(Stateid4, Path)> {
+        let mut t = self.lock();
+        let path = match t.sessions.get(session).and_then(|s| s.back.as_ref()) {
+            Some(b) if b.conn().is_some() => b.path,
+            _ => Path::Down,
+        };
+        let sid = Self::insert_delegation(&mut t, self, client, session, file, fh, write)?;
+        Some((sid, path))
+    }
+
+    /// Records a delegation unless another client's state, or one of the
+    /// client's own delegations of the file, stands against it.
+    fn insert_delegation(
+        t: &mut Tables,
+        this: &State4,
+        client: u64,
+        session: &SessionId4,
+        file: FileKey,
+        fh: &[u8],
+        write: bool,
+    ) -> Option<Stateid4> {
         for o in t.by_file.get(&file).into_iter().flatten() {
             let e = &t.states[o];
             let blocks = match &e.kind {
@@ -1088,7 +1124,7 @@ impl State4 {
                 return None;
             }
         }
-        let other = self.new_other(&mut t);
+        let other = this.new_other(t);
         t.states.insert(
             other,
             StateEntry {
