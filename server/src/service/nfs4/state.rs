@@ -694,16 +694,21 @@ impl State4 {
         }
     }
 
-    /// What the last call on the session's backchannel found.
-    pub fn set_back_path(&self, sid: &SessionId4, path: Path) {
+    /// Changes the session's backchannel, if it has one.
+    fn with_back(&self, sid: &SessionId4, f: impl FnOnce(&mut Back)) {
         if let Some(b) = self
             .lock()
             .sessions
             .get_mut(sid)
             .and_then(|s| s.back.as_mut())
         {
-            b.path = path;
+            f(b);
         }
+    }
+
+    /// What the last call on the session's backchannel found.
+    pub fn set_back_path(&self, sid: &SessionId4, path: Path) {
+        self.with_back(sid, |b| b.path = path);
     }
 
     /// The path's state, if the session has a backchannel.
@@ -728,14 +733,7 @@ impl State4 {
 
     /// The client's CB_SEQUENCE took sequence id `seq` of the slot.
     pub fn back_seq_done(&self, sid: &SessionId4, seq: u32) {
-        if let Some(b) = self
-            .lock()
-            .sessions
-            .get_mut(sid)
-            .and_then(|s| s.back.as_mut())
-        {
-            b.seq = seq;
-        }
+        self.with_back(sid, |b| b.seq = seq);
     }
 
     /// Where a call on the session's backchannel goes: the connection, the
