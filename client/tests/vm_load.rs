@@ -255,8 +255,15 @@ fn load_with(conns: usize, depth: usize, secs: u64, flags: &[&str], registered_k
     let pid = child.0.id();
     let rss_start = rss_kib(pid);
     // The connection manager, the 2 pool threads and as many for long
-    // calls.
-    let rdma_start = rdma_threads(pid);
+    // calls. A thread takes its name once it runs, which in the emulated
+    // guest may come after the daemon says it listens: counted once they
+    // all have (or 10 s have passed).
+    let named = Instant::now() + Duration::from_secs(10);
+    let mut rdma_start = rdma_threads(pid);
+    while rdma_start < 5 && Instant::now() < named {
+        std::thread::sleep(Duration::from_millis(50));
+        rdma_start = rdma_threads(pid);
+    }
     assert_eq!(rdma_start, 5, "the daemon's rdma- threads at start");
     let opts = ConnectOptions {
         transport: TransportKind::Rdma,
