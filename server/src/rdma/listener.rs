@@ -290,9 +290,9 @@ fn send_queue_depth(credits: u32, max_qp_wr: u32) -> u32 {
 
 /// Backward calls (RFC 8167: the server's NFSv4.1 callbacks) one
 /// connection can have waiting for their replies: a receive buffer and a
-/// send buffer each. The callback thread sends one call at a time; the
-/// rest stand for calls whose replies never came (they hold their slot
-/// until the connection ends).
+/// send buffer each. A session's calls go one at a time; the rest stand
+/// for other sessions bound to the connection and for calls whose
+/// replies never came (they hold their slot until the connection ends).
 pub const BACKWARD_CALLS: u32 = 4;
 
 /// Scatter/gather entries per RDMA Write, at most.
