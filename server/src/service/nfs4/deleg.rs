@@ -120,14 +120,7 @@ impl Service {
         else {
             return OpenDelegation4::None;
         };
-        self.count_grant(&session, write);
-        // Nothing is said of permissions: the client asks ACCESS.
-        let ace = Nfsace4::default();
-        if write {
-            OpenDelegation4::Write(sid, false, SpaceLimit4::Size(u64::MAX), ace)
-        } else {
-            OpenDelegation4::Read(sid, false, ace)
-        }
+        self.granted(&session, sid, write, false)
     }
 
     /// The delegation a reclaiming OPEN (CLAIM_PREVIOUS) gets: the one the
@@ -160,18 +153,18 @@ impl Service {
         else {
             return OpenDelegation4::None;
         };
-        let recall = path == Path::Down;
-        self.count_grant(&session, write);
-        let ace = Nfsace4::default();
-        if write {
-            OpenDelegation4::Write(sid, recall, SpaceLimit4::Size(u64::MAX), ace)
-        } else {
-            OpenDelegation4::Read(sid, recall, ace)
-        }
+        self.granted(&session, sid, write, path == Path::Down)
     }
 
-    /// Counts a delegation granted on `session`.
-    fn count_grant(&self, session: &SessionId4, write: bool) {
+    /// A delegation granted on `session`, counted, as OPEN answers it
+    /// (`recall`: to be returned at once).
+    fn granted(
+        &self,
+        session: &SessionId4,
+        sid: Stateid4,
+        write: bool,
+        recall: bool,
+    ) -> OpenDelegation4 {
         let d = &self.nfs4.delegs;
         if write {
             d.granted_write.fetch_add(1, Ordering::Relaxed);
@@ -185,6 +178,13 @@ impl Service {
             .is_some_and(|(c, ..)| c.transport() == Transport::Rdma)
         {
             d.granted_over_rdma.fetch_add(1, Ordering::Relaxed);
+        }
+        // Nothing is said of permissions: the client asks ACCESS.
+        let ace = Nfsace4::default();
+        if write {
+            OpenDelegation4::Write(sid, recall, SpaceLimit4::Size(u64::MAX), ace)
+        } else {
+            OpenDelegation4::Read(sid, recall, ace)
         }
     }
 

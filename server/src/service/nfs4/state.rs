@@ -1064,16 +1064,8 @@ impl State4 {
         fh: &[u8],
         write: bool,
     ) -> Option<Stateid4> {
-        let mut t = self.lock();
-        let up = t
-            .sessions
-            .get(session)
-            .and_then(|s| s.back.as_ref())
-            .is_some_and(|b| b.path == Path::Up && b.conn().is_some());
-        if !up {
-            return None;
-        }
-        Self::insert_delegation(&mut t, self, client, session, file, fh, write)
+        self.delegate(client, session, file, fh, write, false)
+            .map(|(sid, _)| sid)
     }
 
     /// A delegation of `file` the client held before a restart, granted
@@ -1089,11 +1081,28 @@ impl State4 {
         fh: &[u8],
         write: bool,
     ) -> Option<(Stateid4, Path)> {
+        self.delegate(client, session, file, fh, write, true)
+    }
+
+    /// [`State4::grant_delegation`], and with `reclaim` whatever the
+    /// backchannel's state: the delegation and that state.
+    fn delegate(
+        &self,
+        client: u64,
+        session: &SessionId4,
+        file: FileKey,
+        fh: &[u8],
+        write: bool,
+        reclaim: bool,
+    ) -> Option<(Stateid4, Path)> {
         let mut t = self.lock();
         let path = match t.sessions.get(session).and_then(|s| s.back.as_ref()) {
             Some(b) if b.conn().is_some() => b.path,
             _ => Path::Down,
         };
+        if path != Path::Up && !reclaim {
+            return None;
+        }
         let sid = Self::insert_delegation(&mut t, self, client, session, file, fh, write)?;
         Some((sid, path))
     }
