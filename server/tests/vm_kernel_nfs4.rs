@@ -621,8 +621,8 @@ fn backward_calls(report: &str) -> (u64, u64, u64) {
 /// held over RDMA (`rdma`) or over TCP: `cb` the backchannel line's
 /// numbers, `n` the delegation line's. Over RDMA the probe and the recall
 /// (at least) were backward calls, all answered, as the backchannel line
-/// counts them too, and a delegation was granted over RDMA; over TCP
-/// nothing went over RDMA.
+/// counts them too, and a delegation was granted, recalled and returned
+/// over RDMA, none revoked; over TCP nothing went over RDMA.
 fn check_transport_counters(report: &str, cb: &[u64], n: &[u64], rdma: bool) {
     let (calls, replies, dropped) = backward_calls(report);
     if rdma {
@@ -631,10 +631,13 @@ fn check_transport_counters(report: &str, cb: &[u64], n: &[u64], rdma: bool) {
             "backward calls {calls}, answered {replies}, dropped {dropped}"
         );
         assert_eq!((cb[3], cb[4]), (calls, replies), "{cb:?}");
-        assert!(n[6] >= 1, "delegations: {n:?}");
+        assert!(
+            n[6] >= 1 && n[7] >= 1 && n[8] >= 1 && n[9] == 0,
+            "delegations: {n:?}"
+        );
     } else {
         assert_eq!(calls, 0, "no backward call without an RDMA mount");
-        assert_eq!((cb[3], n[6]), (0, 0), "{cb:?} {n:?}");
+        assert_eq!((cb[3], &n[6..10]), (0, &[0; 4][..]), "{cb:?} {n:?}");
     }
 }
 

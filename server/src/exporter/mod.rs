@@ -333,6 +333,21 @@ impl Collector for Sources {
                 "NFSv4.1 delegations granted to sessions whose backchannel is on an RDMA connection",
                 &dl.granted_over_rdma,
             ),
+            (
+                "nfs4_delegations_recalled_over_rdma",
+                "NFSv4.1 recalls of delegations granted over RDMA",
+                &dl.recalled_over_rdma,
+            ),
+            (
+                "nfs4_delegations_returned_over_rdma",
+                "NFSv4.1 delegations granted over RDMA and returned",
+                &dl.returned_over_rdma,
+            ),
+            (
+                "nfs4_delegations_revoked_over_rdma",
+                "NFSv4.1 delegations granted over RDMA and revoked",
+                &dl.revoked_over_rdma,
+            ),
         ] {
             counter(&mut e, name, help, load(v))?;
         }

@@ -219,6 +219,12 @@ impl Ino {
     pub fn fileid(self) -> u64 {
         u64::from(self.0) + 1
     }
+
+    /// Inode `n`, for tests of tables keyed by inode.
+    #[cfg(test)]
+    pub(crate) fn for_test(n: u32) -> Ino {
+        Ino(n)
+    }
 }
 
 #[derive(Debug, Clone)]

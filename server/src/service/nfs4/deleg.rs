@@ -15,15 +15,14 @@
 //! caller's retry then proceeds.
 
 use super::callback::Path;
-use super::state::{Conflict, FileKey};
+use super::state::{Conflict, FileKey, Granted};
 use super::{Cx, Fh};
-use crate::service::metrics::Transport;
 use crate::service::{Export, Service};
 use crate::store::Ino;
 use nfsrdma_xdr::nfs3::NfsStat3;
 use nfsrdma_xdr::nfs4::cb::{CbArgOp, CbRecallArgs, CbResOp};
 use nfsrdma_xdr::nfs4::ops::{Nfsace4, OpenDelegation4, SpaceLimit4};
-use nfsrdma_xdr::nfs4::{share, Fh4, SessionId4, Stateid4, Status};
+use nfsrdma_xdr::nfs4::{share, Fh4, Stateid4, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -56,8 +55,12 @@ pub struct DelegStats {
     /// Delegations revoked (their recall unanswered for a lease).
     pub revoked: AtomicU64,
     /// Of those granted, those whose session's backchannel was on an RDMA
-    /// connection (the rest: on TCP).
+    /// connection (the rest: on TCP); and of the recalls, returns and
+    /// revocations, those of delegations granted so.
     pub granted_over_rdma: AtomicU64,
+    pub recalled_over_rdma: AtomicU64,
+    pub returned_over_rdma: AtomicU64,
+    pub revoked_over_rdma: AtomicU64,
 }
 
 impl DelegStats {
@@ -68,7 +71,7 @@ impl DelegStats {
             return String::new();
         }
         format!(
-            "nfs4 delegations: granted read {}, write {}, recalled {} (failed {}), returned {}, revoked {}; granted over RDMA {}\n",
+            "nfs4 delegations: granted read {}, write {}, recalled {} (failed {}), returned {}, revoked {}; over RDMA granted {}, recalled {}, returned {}, revoked {}\n",
             v(&self.granted_read),
             v(&self.granted_write),
             v(&self.recalled),
@@ -76,6 +79,9 @@ impl DelegStats {
             v(&self.returned),
             v(&self.revoked),
             v(&self.granted_over_rdma),
+            v(&self.recalled_over_rdma),
+            v(&self.returned_over_rdma),
+            v(&self.revoked_over_rdma),
         )
     }
 }
@@ -113,14 +119,14 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
-        let Some(sid) = self
+        let Some(g) = self
             .nfs4
             .state
             .grant_delegation(client, &session, file, &fh, write)
         else {
             return OpenDelegation4::None;
         };
-        self.granted(&session, sid, write, false)
+        self.granted(g, write, false)
     }
 
     /// The delegation a reclaiming OPEN (CLAIM_PREVIOUS) gets: the one the
@@ -146,39 +152,29 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
-        let Some((sid, path)) = self
+        let Some(g) = self
             .nfs4
             .state
             .reclaim_delegation(client, &session, file, &fh, write)
         else {
             return OpenDelegation4::None;
         };
-        self.granted(&session, sid, write, path == Path::Down)
+        self.granted(g, write, g.path == Path::Down)
     }
 
-    /// A delegation granted on `session`, counted, as OPEN answers it
-    /// (`recall`: to be returned at once).
-    fn granted(
-        &self,
-        session: &SessionId4,
-        sid: Stateid4,
-        write: bool,
-        recall: bool,
-    ) -> OpenDelegation4 {
+    /// A delegation granted, counted, as OPEN answers it (`recall`: to be
+    /// returned at once).
+    fn granted(&self, g: Granted, write: bool, recall: bool) -> OpenDelegation4 {
         let d = &self.nfs4.delegs;
         if write {
             d.granted_write.fetch_add(1, Ordering::Relaxed);
         } else {
             d.granted_read.fetch_add(1, Ordering::Relaxed);
         }
-        if self
-            .nfs4
-            .state
-            .back_target(session)
-            .is_some_and(|(c, ..)| c.transport() == Transport::Rdma)
-        {
+        if g.over_rdma {
             d.granted_over_rdma.fetch_add(1, Ordering::Relaxed);
         }
+        let sid = g.stateid;
         // Nothing is said of permissions: the client asks ACCESS.
         let ace = Nfsace4::default();
         if write {
@@ -232,14 +228,17 @@ impl Service {
 
     /// Sends the recalls a conflict found, and counts what it revoked.
     fn recall(&self, c: &Conflict) {
+        let d = &self.nfs4.delegs;
         if c.revoked > 0 {
-            self.nfs4
-                .delegs
-                .revoked
-                .fetch_add(c.revoked as u64, Ordering::Relaxed);
+            d.revoked.fetch_add(c.revoked as u64, Ordering::Relaxed);
+            d.revoked_over_rdma
+                .fetch_add(c.revoked_over_rdma as u64, Ordering::Relaxed);
         }
         for r in &c.recall {
-            self.nfs4.delegs.recalled.fetch_add(1, Ordering::Relaxed);
+            d.recalled.fetch_add(1, Ordering::Relaxed);
+            if r.over_rdma {
+                d.recalled_over_rdma.fetch_add(1, Ordering::Relaxed);
+            }
             let op = CbArgOp::Recall(CbRecallArgs {
                 stateid: r.stateid,
                 truncate: false,
@@ -268,8 +267,14 @@ impl Service {
         let Fh::File(idx, ino) = cx.cur()? else {
             return Err(Status::INVAL);
         };
-        self.nfs4.state.delegreturn(client, sid, (idx, ino))?;
+        let over_rdma = self.nfs4.state.delegreturn(client, sid, (idx, ino))?;
         self.nfs4.delegs.returned.fetch_add(1, Ordering::Relaxed);
+        if over_rdma {
+            self.nfs4
+                .delegs
+                .returned_over_rdma
+                .fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 }

@@ -13,6 +13,7 @@
 //! time, never across a store operation.
 
 use super::callback::{Back, BackConn, Path};
+use crate::service::metrics::Transport;
 use crate::service::plain_hash::IssuedMap;
 use crate::store::Ino;
 use bytes::Bytes;
@@ -118,6 +119,22 @@ struct Deleg {
     /// Whether the last recall sent failed: the next conflicting call
     /// sends it again.
     resend: bool,
+    /// Whether the session's backchannel was on an RDMA connection when
+    /// it was granted: its recall, return or revocation is counted as
+    /// over RDMA.
+    over_rdma: bool,
+}
+
+/// A delegation granted.
+#[derive(Debug, Clone, Copy)]
+pub struct Granted {
+    /// The delegation.
+    pub stateid: Stateid4,
+    /// The state of the session's backchannel (`Down` also when it has
+    /// none).
+    pub path: Path,
+    /// Whether that backchannel is on an RDMA connection.
+    pub over_rdma: bool,
 }
 
 /// A delegation to recall: where and what.
@@ -129,6 +146,8 @@ pub struct Recall {
     pub stateid: Stateid4,
     /// The file's handle.
     pub fh: Bytes,
+    /// Whether the delegation was granted over RDMA.
+    pub over_rdma: bool,
 }
 
 /// What a conflicting access finds of other clients' delegations.
@@ -142,6 +161,8 @@ pub struct Conflict {
     pub wait: bool,
     /// Delegations revoked now: their recall went unanswered for a lease.
     pub revoked: usize,
+    /// Of those, the ones granted over RDMA.
+    pub revoked_over_rdma: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -1063,9 +1084,8 @@ impl State4 {
         file: FileKey,
         fh: &[u8],
         write: bool,
-    ) -> Option<Stateid4> {
+    ) -> Option<Granted> {
         self.delegate(client, session, file, fh, write, false)
-            .map(|(sid, _)| sid)
     }
 
     /// A delegation of `file` the client held before a restart, granted
@@ -1080,7 +1100,7 @@ impl State4 {
         file: FileKey,
         fh: &[u8],
         write: bool,
-    ) -> Option<(Stateid4, Path)> {
+    ) -> Option<Granted> {
         self.delegate(client, session, file, fh, write, true)
     }
 
@@ -1094,17 +1114,32 @@ impl State4 {
         fh: &[u8],
         write: bool,
         reclaim: bool,
-    ) -> Option<(Stateid4, Path)> {
+    ) -> Option<Granted> {
         let mut t = self.lock();
-        let path = match t.sessions.get(session).and_then(|s| s.back.as_ref()) {
-            Some(b) if b.conn().is_some() => b.path,
-            _ => Path::Down,
+        let (path, over_rdma) = match t.sessions.get(session).and_then(|s| s.back.as_ref()) {
+            Some(b) => match b.conn() {
+                Some(c) => (b.path, c.transport() == Transport::Rdma),
+                None => (Path::Down, false),
+            },
+            None => (Path::Down, false),
         };
         if path != Path::Up && !reclaim {
             return None;
         }
-        let sid = Self::insert_delegation(&mut t, self, client, session, file, fh, write)?;
-        Some((sid, path))
+        let g = Deleg {
+            write,
+            session: *session,
+            fh: Bytes::copy_from_slice(fh),
+            recalled: None,
+            resend: false,
+            over_rdma,
+        };
+        let stateid = Self::insert_delegation(&mut t, self, client, file, g)?;
+        Some(Granted {
+            stateid,
+            path,
+            over_rdma,
+        })
     }
 
     /// Records a delegation unless another client's state, or one of the
@@ -1113,11 +1148,10 @@ impl State4 {
         t: &mut Tables,
         this: &State4,
         client: u64,
-        session: &SessionId4,
         file: FileKey,
-        fh: &[u8],
-        write: bool,
+        g: Deleg,
     ) -> Option<Stateid4> {
+        let write = g.write;
         for o in t.by_file.get(&file).into_iter().flatten() {
             let e = &t.states[o];
             let blocks = match &e.kind {
@@ -1139,13 +1173,7 @@ impl State4 {
                 owner: Bytes::new(),
                 file,
                 seqid: 1,
-                kind: Kind::Deleg(Deleg {
-                    write,
-                    session: *session,
-                    fh: Bytes::copy_from_slice(fh),
-                    recalled: None,
-                    resend: false,
-                }),
+                kind: Kind::Deleg(g),
             },
         );
         t.by_file.entry(file).or_default().push(other);
@@ -1198,13 +1226,16 @@ impl State4 {
                         other: o,
                     },
                     fh: d.fh.clone(),
+                    over_rdma: d.over_rdma,
                 });
             }
             out.wait = true;
         }
         for o in revoke {
-            self.revoke(&mut t, &o);
-            out.revoked += 1;
+            if let Some(over_rdma) = self.revoke(&mut t, &o) {
+                out.revoked += 1;
+                out.revoked_over_rdma += usize::from(over_rdma);
+            }
         }
         // The session the recall goes on: the one the delegation came
         // with, or another of the client's with a backchannel.
@@ -1238,14 +1269,14 @@ impl State4 {
     }
 
     /// Revokes a delegation: the stateid stays, as revoked, until its
-    /// client frees it.
-    fn revoke(&self, t: &mut Tables, other: &[u8; 12]) {
-        let Some(e) = t.states.get_mut(other) else {
-            return;
+    /// client frees it. Whether it was granted over RDMA (`None`: no such
+    /// delegation).
+    fn revoke(&self, t: &mut Tables, other: &[u8; 12]) -> Option<bool> {
+        let e = t.states.get_mut(other)?;
+        let Kind::Deleg(d) = &e.kind else {
+            return None;
         };
-        if !matches!(e.kind, Kind::Deleg(_)) {
-            return;
-        }
+        let over_rdma = d.over_rdma;
         e.kind = Kind::Revoked;
         let (client, file) = (e.client, e.file);
         t.delegs.fetch_sub(1, Ordering::Relaxed);
@@ -1262,17 +1293,19 @@ impl State4 {
             clientid = format_args!("{client:#x}"),
             "NFSv4 delegation revoked: its recall went unanswered for a lease"
         );
+        Some(over_rdma)
     }
 
-    /// DELEGRETURN: the delegation goes.
-    pub fn delegreturn(&self, client: u64, sid: &Stateid4, file: FileKey) -> Result<(), Status> {
+    /// DELEGRETURN: the delegation goes. Whether it was granted over RDMA.
+    pub fn delegreturn(&self, client: u64, sid: &Stateid4, file: FileKey) -> Result<bool, Status> {
         let mut t = self.lock();
         let e = self.check(&t, Some(client), sid, Some(file))?;
-        if !matches!(e.kind, Kind::Deleg(_)) {
+        let Kind::Deleg(d) = &e.kind else {
             return Err(Status::BAD_STATEID);
-        }
+        };
+        let over_rdma = d.over_rdma;
         remove_state(&mut t, &sid.other);
-        Ok(())
+        Ok(over_rdma)
     }
 
     /// Whether `sid` is a delegation of `client` for `file` (an OPEN that
@@ -1851,5 +1884,93 @@ mod tests {
         assert_eq!(s.counts().0, 1, "swept twice within a second");
         s.sweep(t0 + Duration::from_millis(5900));
         assert_eq!(s.counts().0, 0, "client {id:#x} outlived its lease");
+    }
+
+    /// A client of `s` with a session whose backchannel, on a connection
+    /// of `transport`, answered its probe; the connection is returned
+    /// (the session holds it weakly).
+    fn client_on(
+        s: &State4,
+        owner: &'static [u8],
+        transport: Transport,
+    ) -> (u64, SessionId4, Arc<BackConn>) {
+        use nfsrdma_xdr::nfs4::ops::{CallbackSecParms, CreateSessionArgs};
+        use nfsrdma_xdr::BoundedVec;
+        let (id, seq, _) = s
+            .exchange_id(&Opaque4(Bytes::from_static(owner)), [1; 8], None, false)
+            .unwrap();
+        let conn = BackConn::new(transport, |_| true);
+        let attrs = ChannelAttrs4 {
+            headerpadsize: 0,
+            maxrequestsize: 4096,
+            maxresponsesize: 4096,
+            maxresponsesize_cached: 0,
+            maxoperations: 8,
+            maxrequests: 4,
+            rdma_ird: BoundedVec(vec![]),
+        };
+        let args = CreateSessionArgs {
+            clientid: id,
+            sequence: seq,
+            flags: nfsrdma_xdr::nfs4::session_flags::CONN_BACK_CHAN,
+            fore_chan_attrs: attrs.clone(),
+            back_chan_attrs: attrs,
+            cb_program: 1,
+            sec_parms: BoundedVec(vec![CallbackSecParms::None]),
+        };
+        let limits = ChannelLimits {
+            max_request: 4096,
+            max_response: 4096,
+            max_cached: 0,
+            max_ops: 8,
+            max_slots: 4,
+        };
+        let back = Back::granted(&args, 1, Some(&conn));
+        let sid = s
+            .create_session(&args, limits, None, back)
+            .unwrap()
+            .sessionid;
+        s.set_back_path(&sid, Path::Up);
+        (id, sid, conn)
+    }
+
+    /// Each delegation knows the transport its session's backchannel was
+    /// on when it was granted, and its recall, return and revocation say
+    /// it: what the per-transport counters count.
+    #[test]
+    fn a_delegation_carries_the_transport_it_was_granted_over_to_its_recall_return_and_revocation()
+    {
+        let s = State4::new(Duration::from_secs(5));
+        let (rdma, rdma_sid, _c1) = client_on(&s, b"over rdma", Transport::Rdma);
+        let (tcp, tcp_sid, _c2) = client_on(&s, b"over tcp", Transport::Tcp);
+        let file = (0, Ino::for_test(7));
+        let r = s
+            .grant_delegation(rdma, &rdma_sid, file, b"fh", false)
+            .unwrap();
+        let t = s
+            .grant_delegation(tcp, &tcp_sid, file, b"fh", false)
+            .unwrap();
+        assert!(r.over_rdma && !t.over_rdma, "{r:?} {t:?}");
+        let t0 = Instant::now();
+        let c = s.delegation_conflict(None, file, true, t0);
+        let mut recalls: Vec<_> = c
+            .recall
+            .iter()
+            .map(|x| (x.stateid.other, x.over_rdma))
+            .collect();
+        recalls.sort();
+        let mut want = vec![(r.stateid.other, true), (t.stateid.other, false)];
+        want.sort();
+        assert_eq!(recalls, want);
+        assert_eq!(s.delegreturn(tcp, &t.stateid, file), Ok(false));
+        // The one over RDMA is not returned: revoked a lease on.
+        let c = s.delegation_conflict(None, file, true, t0 + Duration::from_secs(6));
+        assert_eq!((c.revoked, c.revoked_over_rdma), (1, 1), "{c:?}");
+        // Returned, a delegation granted over RDMA says so.
+        let file2 = (0, Ino::for_test(8));
+        let r2 = s
+            .grant_delegation(rdma, &rdma_sid, file2, b"fh2", true)
+            .unwrap();
+        assert_eq!(s.delegreturn(rdma, &r2.stateid, file2), Ok(true));
     }
 }
