@@ -43,8 +43,21 @@ fn server(delegations: bool) -> TestServer {
 
 /// A client with a backchannel whose probe the server has seen answered
 /// (delegations need it), recording the delegations recalled from it and
-/// answering CB_RECALL with NFS4_OK.
+/// answering CB_RECALL with NFS4_OK (and CB_GETATTR with NFS4ERR_BADHANDLE).
 fn client(srv: &TestServer, owner: &'static str) -> (V4, Arc<Mutex<Vec<Stateid4>>>) {
+    client_with_attrs(srv, owner, Arc::default())
+}
+
+/// The change attribute and size a client gives when asked with
+/// CB_GETATTR (`None`: it answers NFS4ERR_BADHANDLE).
+type HeldAttrs = Arc<Mutex<Option<(u64, u64)>>>;
+
+/// [`client`], answering CB_GETATTR with what `attrs` holds then.
+fn client_with_attrs(
+    srv: &TestServer,
+    owner: &'static str,
+    attrs: HeldAttrs,
+) -> (V4, Arc<Mutex<Vec<Stateid4>>>) {
     let mut v = V4::with_back(srv.addr, owner);
     let deadline = Instant::now() + Duration::from_secs(20);
     while srv.service.nfs4().state.back_path(&v.sid) != Some(Path::Up) {
@@ -70,6 +83,19 @@ fn client(srv: &TestServer, owner: &'static str) -> (V4, Arc<Mutex<Vec<Stateid4>
                 CbArgOp::Recall(r) => {
                     log.lock().unwrap().push(r.stateid);
                     results.push(CbResOp::Recall(Status::OK));
+                }
+                CbArgOp::Getattr(g) => {
+                    let want = Bitmap4::from_bits([attr::n::CHANGE, attr::n::SIZE]);
+                    assert_eq!(g.attr_request, want);
+                    results.push(CbResOp::Getattr(match *attrs.lock().unwrap() {
+                        Some((change, size)) => {
+                            let mut w = attr::AttrWriter::new();
+                            w.put(attr::n::CHANGE, &change);
+                            w.put(attr::n::SIZE, &size);
+                            Ok(w.finish())
+                        }
+                        None => Err(Status::BADHANDLE),
+                    }));
                 }
                 other => panic!("{other:?}"),
             }
@@ -259,7 +285,7 @@ fn read_delegations_are_recalled_by_another_clients_open_for_writing_and_returne
     );
     let report = srv.service.report();
     assert!(
-        report.contains("nfs4 delegations: granted read 2, write 0, recalled 2 (failed 0), returned 2, revoked 0; over RDMA granted 0, recalled 0, returned 0, revoked 0"),
+        report.contains("nfs4 delegations: granted read 2, write 0, recalled 2 (failed 0), returned 2, revoked 0; over RDMA granted 0, recalled 0, returned 0, revoked 0; CB_GETATTR 0 (changed 0, failed 0)"),
         "{report}"
     );
     assert_metrics(
@@ -429,47 +455,134 @@ fn no_delegation_when_turned_off_unwanted_or_without_a_working_backchannel() {
     );
 }
 
+/// GETATTR of `fh` asking for `bits`: the status, and the change
+/// attribute and size when asked for and answered.
+fn getattr(v: &mut V4, fh: &Fh4, bits: &[u32]) -> (Status, Option<(u64, u64)>) {
+    let r = run(
+        v,
+        vec![
+            ArgOp::Putfh(fh.clone()),
+            ArgOp::Getattr(Bitmap4::from_bits(bits.iter().copied())),
+        ],
+    );
+    let got = match r.results.get(2) {
+        Some(ResOp::Getattr(Ok(f))) => match attr::change_and_size(f).unwrap() {
+            (Some(c), Some(s)) => Some((c, s)),
+            _ => None,
+        },
+        _ => None,
+    };
+    (r.status, got)
+}
+
+/// [`getattr`] again while it is answered NFS4ERR_DELAY, as a client
+/// retries (the holder's answer, sent already, is on its way to the
+/// server), for at most 10 s.
+fn getattr_retried(v: &mut V4, fh: &Fh4, bits: &[u32]) -> (Status, Option<(u64, u64)>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = getattr(v, fh, bits);
+        if r.0 != Status::DELAY || Instant::now() > deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Another client's GETATTR of the size and change of a file under a write
+/// delegation asks the holder with CB_GETATTR (RFC 8881 §10.4.3) instead
+/// of recalling it: NFS4ERR_DELAY until the holder answers, then the
+/// holder's answer (unchanged: the server's attributes; changed: its size
+/// and a new change attribute). Other attributes ask nothing. A holder
+/// that fails CB_GETATTR has the delegation recalled.
 #[test]
-fn another_clients_getattr_and_lock_test_recall_a_write_delegation() {
+fn another_clients_getattr_asks_the_write_delegation_holder_with_cb_getattr() {
+    const CS: [u32; 2] = [attr::n::CHANGE, attr::n::SIZE];
     let srv = server(true);
-    let (mut a, recalls) = client(&srv, "holder");
+    let held: HeldAttrs = Arc::default();
+    let (mut a, recalls) = client_with_attrs(&srv, "holder", held.clone());
     let (mut b, _) = client(&srv, "asker");
     let (oa, fh) = opened(&open(&mut a, "k", share::ACCESS_BOTH, true));
     let OpenDelegation4::Write(da, ..) = oa.delegation else {
         panic!("{:?}", oa.delegation)
     };
+    let cb = srv.service.nfs4().callbacks.stats();
+    let sent = || cb.sent.load(Ordering::Relaxed);
     // A's own GETATTR is answered: it is the holder.
-    let getattr = |v: &mut V4| {
-        run(
-            v,
-            vec![
-                ArgOp::Putfh(fh.clone()),
-                ArgOp::Getattr(Bitmap4::from_bits([attr::n::SIZE])),
-            ],
-        )
-        .status
+    let (st, Some((c0, 0))) = getattr(&mut a, &fh, &CS) else {
+        panic!("the holder's own GETATTR")
     };
-    assert_eq!(getattr(&mut a), Status::OK);
-    // B's: the size may be cached at A, so A is asked for the delegation.
-    assert_eq!(getattr(&mut b), Status::DELAY);
+    assert_eq!(st, Status::OK);
+    // B's GETATTR of the mode alone asks nothing.
+    let before = sent();
+    assert_eq!(getattr(&mut b, &fh, &[attr::n::MODE]).0, Status::OK);
+    assert_eq!(sent(), before, "no callback for the mode");
+    // B's of the size and change: A is asked; it answers only when it
+    // next reads its connection, so B is told to wait, then gets the
+    // answer: unchanged, the server's own attributes.
+    *held.lock().unwrap() = Some((c0, 0));
+    assert_eq!(getattr(&mut b, &fh, &CS), (Status::DELAY, None));
+    take_call(&mut a);
+    assert_eq!(
+        getattr_retried(&mut b, &fh, &CS),
+        (Status::OK, Some((c0, 0)))
+    );
+    // A has written 5 bytes it keeps under its delegation: once the
+    // answer above is stale, B sees A's size and a new change attribute.
+    *held.lock().unwrap() = Some((c0 + 1, 5));
+    std::thread::sleep(nfsrdma_server::service::nfs4::CB_GETATTR_FRESH);
+    assert_eq!(getattr(&mut b, &fh, &CS), (Status::DELAY, None));
+    take_call(&mut a);
+    let (st, Some((c1, 5))) = getattr_retried(&mut b, &fh, &CS) else {
+        panic!("the holder's size")
+    };
+    assert_eq!(st, Status::OK);
+    assert!(c1 > c0, "change {c1} after {c0}");
+    assert!(recalls.lock().unwrap().is_empty(), "nothing recalled");
+    // A fails CB_GETATTR: the delegation is recalled, then returned.
+    *held.lock().unwrap() = None;
+    std::thread::sleep(nfsrdma_server::service::nfs4::CB_GETATTR_FRESH);
+    assert_eq!(getattr(&mut b, &fh, &CS), (Status::DELAY, None));
+    take_call(&mut a);
+    // B waits while the failure reaches the server, and the recall goes.
+    let recalled = &srv.service.nfs4().delegs.recalled;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while recalled.load(Ordering::Relaxed) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no recall after CB_GETATTR failed"
+        );
+        assert_eq!(getattr(&mut b, &fh, &CS), (Status::DELAY, None));
+        std::thread::sleep(Duration::from_millis(10));
+    }
     take_call(&mut a);
     assert_eq!(*recalls.lock().unwrap(), vec![da]);
-    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
-    assert_eq!(getattr(&mut b), Status::OK);
-    // A new one (A opens again under another owner); B's LOCKT: A may
-    // hold byte-range locks of its own locally.
-    let r = run(
-        &mut a,
-        vec![
-            ArgOp::Putfh(fh.clone()),
-            ArgOp::Close(CloseArgs {
-                seqid: 0,
-                open_stateid: oa.stateid,
-            }),
-        ],
+    let dl = &srv.service.nfs4().delegs;
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(
+        (
+            n(&dl.getattr_asked),
+            n(&dl.getattr_changed),
+            n(&dl.getattr_failed)
+        ),
+        (3, 1, 1)
     );
-    assert_eq!(r.status, Status::OK);
-    let (oa, _) = opened(&open(&mut a, "k", share::ACCESS_BOTH, false));
+    assert_eq!(delegreturn(&mut a, &fh, da), Status::OK);
+    let (st, Some((c2, 0))) = getattr(&mut b, &fh, &CS) else {
+        panic!("after the return: the server's size (A wrote nothing to it)")
+    };
+    assert_eq!(st, Status::OK);
+    assert!(c2 >= c1, "change {c2} after {c1}");
+}
+
+/// Another client's LOCKT recalls a write delegation: its holder may hold
+/// byte-range locks of its own locally.
+#[test]
+fn another_clients_lock_test_recalls_a_write_delegation() {
+    let srv = server(true);
+    let (mut a, recalls) = client(&srv, "holder");
+    let (mut b, _) = client(&srv, "asker");
+    let (oa, fh) = opened(&open(&mut a, "k", share::ACCESS_BOTH, true));
     let OpenDelegation4::Write(da, ..) = oa.delegation else {
         panic!("{:?}", oa.delegation)
     };

@@ -748,18 +748,15 @@ fn a_second_kernel_clients_open_for_writing_recalls_a_delegation_held_over_rdma(
     second_client_recalls("vers=4.2,proto=rdma,port=20049", true);
 }
 
-/// Client A, mounted with `a_opts`, holds a delegation of a file that
-/// client B (NFSv4.2 over TCP, in a network namespace: the guest's one
-/// RDMA device serves only its own addresses) opens for writing.
-fn second_client_recalls(a_opts: &str, rdma: bool) {
-    common::kernel::in_vm(&["nfsv4"]);
-    let a = addr();
-    let d = Daemon::start(&["--lease", "15"]);
-    // Client B: the kernel client of a network namespace of its own, with
-    // its own client identifier and host name (so a client of its own to
-    // the server), behind a veth pair.
+/// Client B: the kernel client of a network namespace of its own, with
+/// its own client identifier and host name (so a client of its own to
+/// the server), behind a veth pair; the namespace and link go with the
+/// value returned. Mounted at /mnt/db (after `mount_a`, which mounts
+/// client A) with NFSv4.2 over TCP: the guest's one RDMA device serves
+/// only its own addresses.
+fn second_client(a: &str, mount_a: impl FnOnce()) -> SecondClientNet {
     sh_quiet("umount -f -l /mnt/db 2>/dev/null; ip link del vdeleg0 2>/dev/null; ip netns del nfsdeleg 2>/dev/null");
-    let _net = SecondClientNet;
+    let net = SecondClientNet;
     sh(
         "ip netns add nfsdeleg && ip link add vdeleg0 type veth peer name vdeleg1 && \
         ip link set vdeleg1 netns nfsdeleg && ip addr add 10.96.0.1/24 dev vdeleg0 && \
@@ -768,12 +765,24 @@ fn second_client_recalls(a_opts: &str, rdma: bool) {
         ip link set vdeleg1 up && ip link set lo up && ip route add default via 10.96.0.1; \
         echo -n nfsrdma-test-client-b > /sys/fs/nfs/net/nfs_client/identifier 2>/dev/null; true'",
     );
-    let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/da", a_opts);
-    assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
+    mount_a();
     sh(&format!(
         "mkdir -p /mnt/db && nsenter --net=/run/netns/nfsdeleg unshare --uts sh -c \
          'hostname nfs-client-b && timeout 120 mount -t nfs -o vers=4.2,proto=tcp,port=2049 {a}:/export /mnt/db'"
     ));
+    net
+}
+
+/// Client A, mounted with `a_opts`, holds a delegation of a file that
+/// client B ([`second_client`]) opens for writing.
+fn second_client_recalls(a_opts: &str, rdma: bool) {
+    common::kernel::in_vm(&["nfsv4"]);
+    let a = addr();
+    let d = Daemon::start(&["--lease", "15"]);
+    let _net = second_client(&a, || {
+        let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/da", a_opts);
+        assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
+    });
     // A writes the file and keeps it open for reading: it holds a
     // delegation, and reads from its cache.
     let first = data(200_000, 31);
@@ -822,4 +831,72 @@ fn second_client_recalls(a_opts: &str, rdma: bool) {
     assert!(cb[0] >= 3 && cb[2] == 0, "backchannel calls: {cb:?}");
     // A's probe and the recall: backward calls over RDMA.
     check_transport_counters(&report, &cb, &n, rdma);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_second_clients_stat_asks_the_write_delegation_holder_over_rdma_and_recalls_nothing() {
+    common::kernel::in_vm(&["nfsv4"]);
+    let a = addr();
+    let d = Daemon::start(&["--lease", "15"]);
+    let _net = second_client(&a, || {
+        let (_, xprt) = mount(
+            &format!("{a}:/export"),
+            "/mnt/da",
+            "vers=4.2,proto=rdma,port=20049",
+        );
+        assert_eq!(xprt, "rdma");
+    });
+    // A creates a file and writes it, and keeps it open: it holds a write
+    // delegation, under which it need not send its writes yet.
+    let bytes = data(100_000, 41);
+    let mut held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open("/mnt/da/growing")
+        .unwrap();
+    {
+        use std::io::Write;
+        held.write_all(&bytes).unwrap();
+    }
+    assert_eq!(op_count("/mnt/da", "DELEGRETURN"), 0);
+    // B looks the file up and stats it: its GETATTRs of the size and
+    // change attribute have the server ask A with CB_GETATTR, over A's
+    // RDMA connection's backward direction; A answers with the size of
+    // what it wrote, and keeps its delegation.
+    let t0 = std::time::Instant::now();
+    let size = std::fs::metadata("/mnt/db/growing").unwrap().len();
+    eprintln!(
+        "B's stat answered in {:.2} s: size {size}",
+        t0.elapsed().as_secs_f64()
+    );
+    let returned = op_count("/mnt/da", "DELEGRETURN");
+    drop(held);
+    let got = std::fs::read("/mnt/db/growing").unwrap();
+    sh("timeout 60 umount /mnt/db; timeout 60 umount /mnt/da");
+    let (ok, report) = d.stop();
+    eprintln!("{report}");
+    assert!(ok, "nfsrdmad did not exit cleanly");
+    assert_eq!(size, bytes.len() as u64, "the size A wrote, seen by B");
+    assert_eq!(returned, 0, "A kept its delegation through B's stat");
+    assert!(got == bytes, "B reads A's bytes once A has closed the file");
+    // granted read, write, recalled, failed, returned, revoked; over RDMA
+    // granted, recalled, returned, revoked; CB_GETATTR asked, changed,
+    // failed. A's delegation was recalled by nothing before B's read.
+    let n = report_numbers(&report, "nfs4 delegations: ");
+    assert!(
+        n[1] >= 1 && n[6] >= 1,
+        "a write delegation over RDMA: {n:?}"
+    );
+    assert!(
+        n[10] >= 1 && n[12] == 0,
+        "CB_GETATTR asked and answered: {n:?}"
+    );
+    let (calls, replies, dropped) = backward_calls(&report);
+    assert!(
+        calls >= 2 && replies == calls && dropped == 0,
+        "A's probe and the CB_GETATTR as backward calls: {calls}, answered {replies}, dropped {dropped}"
+    );
 }

@@ -348,6 +348,21 @@ impl Collector for Sources {
                 "NFSv4.1 delegations granted over RDMA and revoked",
                 &dl.revoked_over_rdma,
             ),
+            (
+                "nfs4_delegations_getattr_asked",
+                "CB_GETATTRs sent to write delegation holders for another client's GETATTR",
+                &dl.getattr_asked,
+            ),
+            (
+                "nfs4_delegations_getattr_changed",
+                "CB_GETATTR answers that said the holder changed the file",
+                &dl.getattr_changed,
+            ),
+            (
+                "nfs4_delegations_getattr_failed",
+                "CB_GETATTRs that failed (the delegation is recalled then)",
+                &dl.getattr_failed,
+            ),
         ] {
             counter(&mut e, name, help, load(v))?;
         }

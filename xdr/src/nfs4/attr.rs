@@ -59,6 +59,68 @@ pub mod n {
     pub const SUPPATTR_EXCLCREAT: u32 = 75;
     pub const CLONE_BLKSIZE: u32 = 77;
     pub const CHANGE_ATTR_TYPE: u32 = 79;
+    /// RFC 9754 (NFSv4.2): what OPEN accepts.
+    pub const OPEN_ARGUMENTS: u32 = 86;
+}
+
+/// `open_arguments4` (RFC 9754 §4.1): the OPEN arguments a server
+/// accepts, each a bitmap of the values of one argument (bit N: value N
+/// of its `open_args_*4` enum).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OpenArguments4 {
+    /// `open_args_share_access4` values.
+    pub share_access: Bitmap4,
+    /// `open_args_share_deny4` values.
+    pub share_deny: Bitmap4,
+    /// `open_args_share_access_want4` values.
+    pub share_access_want: Bitmap4,
+    /// `open_args_open_claim4` values.
+    pub open_claim: Bitmap4,
+    /// `open_args_createmode4` values.
+    pub createmode: Bitmap4,
+}
+
+impl Xdr for OpenArguments4 {
+    fn encode<S: crate::XdrSink + ?Sized>(&self, s: &mut S) {
+        self.share_access.encode(s);
+        self.share_deny.encode(s);
+        self.share_access_want.encode(s);
+        self.open_claim.encode(s);
+        self.createmode.encode(s);
+    }
+    fn decode(d: &mut Decoder) -> crate::Result<Self> {
+        Ok(OpenArguments4 {
+            share_access: Bitmap4::decode(d)?,
+            share_deny: Bitmap4::decode(d)?,
+            share_access_want: Bitmap4::decode(d)?,
+            open_claim: Bitmap4::decode(d)?,
+            createmode: Bitmap4::decode(d)?,
+        })
+    }
+    fn encoded_len(&self) -> usize {
+        self.share_access.encoded_len()
+            + self.share_deny.encoded_len()
+            + self.share_access_want.encoded_len()
+            + self.open_claim.encoded_len()
+            + self.createmode.encoded_len()
+    }
+}
+
+/// The `change` and `size` of an `fattr4` (a CB_GETATTR's answer): each
+/// `None` when absent. Attributes after `size` are not read; one before
+/// `change`, or values that do not decode, are an error.
+pub fn change_and_size(f: &Fattr4) -> crate::Result<(Option<u64>, Option<u64>)> {
+    let mut d = Decoder::new(f.attr_vals.0.clone());
+    let (mut change, mut size) = (None, None);
+    for b in f.attrmask.bits() {
+        match b {
+            n::CHANGE => change = Some(d.u64("change")?),
+            n::SIZE => size = Some(d.u64("size")?),
+            b if b > n::SIZE => break,
+            _ => return Err(super::bad_arm("fattr4 of change and size", b)),
+        }
+    }
+    Ok((change, size))
 }
 
 /// Builds the `attr_vals` of an `fattr4`: values must be pushed in

@@ -5,7 +5,7 @@
 //! [`CbArgOp::Unsupported`], where the decoder stops.
 
 use super::ops::Res;
-use super::{Fh4, SessionId4, Stateid4, Status, Utf8Str};
+use super::{Bitmap4, Fattr4, Fh4, SessionId4, Stateid4, Status, Utf8Str};
 use crate::{BoundedVec, Decoder, Result, Xdr, XdrSink};
 
 /// The callback program's version (NFS_CB).
@@ -92,10 +92,22 @@ xdr_struct!(
     }
 );
 
+xdr_struct!(
+    /// CB_GETATTR4args (RFC 8881 §20.1): the holder of a write delegation
+    /// asked for the attributes it may have changed.
+    pub struct CbGetattrArgs {
+        /// The file.
+        pub fh: Fh4,
+        /// The attributes asked for.
+        pub attr_request: Bitmap4,
+    }
+);
+
 /// One operation of a CB_COMPOUND with its arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum CbArgOp {
+    Getattr(CbGetattrArgs),
     Recall(CbRecallArgs),
     Sequence(CbSequenceArgs),
     /// A defined operation whose arguments are not modelled: decoding
@@ -109,6 +121,7 @@ impl CbArgOp {
     /// The operation number.
     pub fn num(&self) -> u32 {
         match self {
+            CbArgOp::Getattr(_) => cb_opnum::CB_GETATTR,
             CbArgOp::Recall(_) => cb_opnum::CB_RECALL,
             CbArgOp::Sequence(_) => cb_opnum::CB_SEQUENCE,
             CbArgOp::Unsupported(n) | CbArgOp::Illegal(n) => *n,
@@ -120,6 +133,7 @@ impl Xdr for CbArgOp {
     fn encode<S: XdrSink + ?Sized>(&self, s: &mut S) {
         s.put_u32_be(self.num());
         match self {
+            CbArgOp::Getattr(a) => a.encode(s),
             CbArgOp::Recall(a) => a.encode(s),
             CbArgOp::Sequence(a) => a.encode(s),
             CbArgOp::Unsupported(_) | CbArgOp::Illegal(_) => {}
@@ -128,14 +142,17 @@ impl Xdr for CbArgOp {
     fn decode(d: &mut Decoder) -> Result<Self> {
         let op = d.u32("nfs_cb_opnum4")?;
         Ok(match op {
+            cb_opnum::CB_GETATTR => CbArgOp::Getattr(CbGetattrArgs::decode(d)?),
             cb_opnum::CB_RECALL => CbArgOp::Recall(CbRecallArgs::decode(d)?),
             cb_opnum::CB_SEQUENCE => CbArgOp::Sequence(CbSequenceArgs::decode(d)?),
-            3..=cb_opnum::LAST => CbArgOp::Unsupported(op),
+            // 3 and 4 are above.
+            5..=cb_opnum::LAST => CbArgOp::Unsupported(op),
             _ => CbArgOp::Illegal(op),
         })
     }
     fn encoded_len(&self) -> usize {
         4 + match self {
+            CbArgOp::Getattr(a) => a.encoded_len(),
             CbArgOp::Recall(a) => a.encoded_len(),
             CbArgOp::Sequence(a) => a.encoded_len(),
             _ => 0,
@@ -147,6 +164,7 @@ impl Xdr for CbArgOp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum CbResOp {
+    Getattr(Res<Fattr4>),
     Recall(Status),
     Sequence(Res<CbSequenceResOk>),
     /// Any other operation: its number and status; decoding stops after
@@ -160,6 +178,7 @@ impl CbResOp {
         match self {
             CbResOp::Recall(s) | CbResOp::Other(_, s) => *s,
             CbResOp::Sequence(r) => r.as_ref().err().copied().unwrap_or(Status::OK),
+            CbResOp::Getattr(r) => r.as_ref().err().copied().unwrap_or(Status::OK),
         }
     }
 }
@@ -167,6 +186,10 @@ impl CbResOp {
 impl Xdr for CbResOp {
     fn encode<S: XdrSink + ?Sized>(&self, s: &mut S) {
         match self {
+            CbResOp::Getattr(r) => {
+                s.put_u32_be(cb_opnum::CB_GETATTR);
+                r.encode(s);
+            }
             CbResOp::Recall(st) => {
                 s.put_u32_be(cb_opnum::CB_RECALL);
                 st.encode(s);
@@ -184,6 +207,7 @@ impl Xdr for CbResOp {
     fn decode(d: &mut Decoder) -> Result<Self> {
         let op = d.u32("nfs_cb_opnum4")?;
         Ok(match op {
+            cb_opnum::CB_GETATTR => CbResOp::Getattr(Res::<Fattr4>::decode(d)?),
             cb_opnum::CB_RECALL => CbResOp::Recall(Status::decode(d)?),
             cb_opnum::CB_SEQUENCE => CbResOp::Sequence(Res::<CbSequenceResOk>::decode(d)?),
             _ => CbResOp::Other(op, Status::decode(d)?),
@@ -193,6 +217,7 @@ impl Xdr for CbResOp {
         4 + match self {
             CbResOp::Recall(_) | CbResOp::Other(..) => 4,
             CbResOp::Sequence(r) => r.encoded_len(),
+            CbResOp::Getattr(r) => r.encoded_len(),
         }
     }
 }
@@ -351,6 +376,10 @@ mod tests {
                     truncate: true,
                     fh: Fh4(Bytes::from_static(b"handle")),
                 }),
+                CbArgOp::Getattr(CbGetattrArgs {
+                    fh: Fh4(Bytes::from_static(b"handle")),
+                    attr_request: Bitmap4(vec![0x18]),
+                }),
             ],
         });
         round(&CbCompoundRes {
@@ -365,22 +394,27 @@ mod tests {
                     target_highest_slotid: 0,
                 })),
                 CbResOp::Recall(Status::BADHANDLE),
+                CbResOp::Getattr(Ok(Fattr4 {
+                    attrmask: Bitmap4(vec![0x18]),
+                    attr_vals: super::super::AttrList4(Bytes::from_static(&[1; 16])),
+                })),
+                CbResOp::Getattr(Err(Status::BADHANDLE)),
             ],
         });
     }
 
     #[test]
     fn decoding_stops_at_an_operation_it_does_not_model() {
-        // CB_GETATTR (not modelled) followed by bytes that are not an
-        // operation: the list ends at CB_GETATTR.
+        // CB_LAYOUTRECALL (not modelled) followed by bytes that are not
+        // an operation: the list ends at CB_LAYOUTRECALL.
         let mut b = BytesMut::new();
         Utf8Str(Bytes::new()).encode(&mut b);
         b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]);
-        b.extend_from_slice(&cb_opnum::CB_GETATTR.to_be_bytes());
+        b.extend_from_slice(&5u32.to_be_bytes());
         b.extend_from_slice(&[0xff; 8]);
         let mut d = Decoder::new(b.freeze());
         let a = CbCompoundArgs::decode(&mut d).unwrap();
-        assert_eq!(a.ops, vec![CbArgOp::Unsupported(cb_opnum::CB_GETATTR)]);
+        assert_eq!(a.ops, vec![CbArgOp::Unsupported(5)]);
         let mut b = BytesMut::new();
         Utf8Str(Bytes::new()).encode(&mut b);
         b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 65]);

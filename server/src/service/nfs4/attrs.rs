@@ -6,7 +6,7 @@ use super::pseudo::Pseudo;
 use crate::store::{Fs, Ino, SResult, LINK_MAX, MAX_FILE_SIZE, NAME_MAX};
 use bytes::Bytes;
 use nfsrdma_xdr::nfs3::{Fattr3, Ftype3, NfsTime3, Sattr3, SetTime};
-use nfsrdma_xdr::nfs4::attr::{n, settable, AttrWriter, SetAttrs, SetTime4};
+use nfsrdma_xdr::nfs4::attr::{n, settable, AttrWriter, OpenArguments4, SetAttrs, SetTime4};
 use nfsrdma_xdr::nfs4::{Bitmap4, Fattr4, Fh4, Fsid4, Ftype4, Specdata4, Status, Time4, Utf8Str};
 
 /// `supported_attrs`.
@@ -60,8 +60,25 @@ pub fn supported(minor: u32) -> Bitmap4 {
     ]);
     if minor >= 2 {
         b.set(n::CHANGE_ATTR_TYPE);
+        b.set(n::OPEN_ARGUMENTS);
     }
     b
+}
+
+/// `open_arguments` (RFC 9754): what OPEN accepts here. Share access
+/// READ, WRITE, BOTH; every deny; the wants ANY_DELEG, NO_DELEG and
+/// CANCEL (no delegation timestamps, no OPEN_XOR_DELEGATION, no signal or
+/// push wants); the claims NULL, PREVIOUS, DELEGATE_CUR, FH and
+/// DELEG_CUR_FH (a delegation is not reclaimed by name after a client's
+/// restart); every create mode.
+pub fn open_arguments() -> OpenArguments4 {
+    OpenArguments4 {
+        share_access: Bitmap4::from_bits([1, 2, 3]),
+        share_deny: Bitmap4::from_bits([0, 1, 2, 3]),
+        share_access_want: Bitmap4::from_bits([3, 4, 5]),
+        open_claim: Bitmap4::from_bits([0, 1, 2, 4, 5]),
+        createmode: Bitmap4::from_bits([0, 1, 2, 3]),
+    }
 }
 
 /// What the attributes of one object are made from.
@@ -175,6 +192,7 @@ pub fn encode(want: &Bitmap4, s: &Source, l: &Limits) -> Fattr4 {
             n::SUPPATTR_EXCLCREAT => w.put(b, &settable()),
             // NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR.
             n::CHANGE_ATTR_TYPE => w.put(b, &1u32),
+            n::OPEN_ARGUMENTS => w.put(b, &open_arguments()),
             // Write-only attributes are never reported.
             _ => {}
         }

@@ -15,16 +15,27 @@
 //! caller's retry then proceeds.
 
 use super::callback::Path;
-use super::state::{Conflict, FileKey, Granted};
+use super::state::{Conflict, FileKey, Granted, HeldView};
 use super::{Cx, Fh};
 use crate::service::{Export, Service};
+use crate::store::Cred;
 use crate::store::Ino;
 use nfsrdma_xdr::nfs3::NfsStat3;
-use nfsrdma_xdr::nfs4::cb::{CbArgOp, CbRecallArgs, CbResOp};
+use nfsrdma_xdr::nfs3::{Sattr3, SetTime};
+use nfsrdma_xdr::nfs4::attr::{self, n};
+use nfsrdma_xdr::nfs4::cb::{CbArgOp, CbGetattrArgs, CbRecallArgs, CbResOp};
 use nfsrdma_xdr::nfs4::ops::{Nfsace4, OpenDelegation4, SpaceLimit4};
-use nfsrdma_xdr::nfs4::{share, Fh4, Stateid4, Status};
+use nfsrdma_xdr::nfs4::{share, Bitmap4, Fh4, SessionId4, Stateid4, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a GETATTR waits for its CB_GETATTR's answer before it is
+/// answered NFS4ERR_DELAY (the thread serving it waits meanwhile).
+pub const CB_GETATTR_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a holder's answer to CB_GETATTR serves other clients'
+/// GETATTRs (a retry after NFS4ERR_DELAY among them).
+pub const CB_GETATTR_FRESH: Duration = Duration::from_secs(1);
 
 /// `OPEN4_SHARE_ACCESS_WANT_*` (RFC 8881 §18.16.3): the bits of
 /// `share_access` above the access.
@@ -61,6 +72,13 @@ pub struct DelegStats {
     pub recalled_over_rdma: AtomicU64,
     pub returned_over_rdma: AtomicU64,
     pub revoked_over_rdma: AtomicU64,
+    /// CB_GETATTRs sent (another client's GETATTR of a file under a
+    /// write delegation).
+    pub getattr_asked: AtomicU64,
+    /// Of their answers, those that said the holder changed the file.
+    pub getattr_changed: AtomicU64,
+    /// Those that failed (the delegation is recalled then).
+    pub getattr_failed: AtomicU64,
 }
 
 impl DelegStats {
@@ -71,7 +89,7 @@ impl DelegStats {
             return String::new();
         }
         format!(
-            "nfs4 delegations: granted read {}, write {}, recalled {} (failed {}), returned {}, revoked {}; over RDMA granted {}, recalled {}, returned {}, revoked {}\n",
+            "nfs4 delegations: granted read {}, write {}, recalled {} (failed {}), returned {}, revoked {}; over RDMA granted {}, recalled {}, returned {}, revoked {}; CB_GETATTR {} (changed {}, failed {})\n",
             v(&self.granted_read),
             v(&self.granted_write),
             v(&self.recalled),
@@ -82,6 +100,9 @@ impl DelegStats {
             v(&self.recalled_over_rdma),
             v(&self.returned_over_rdma),
             v(&self.revoked_over_rdma),
+            v(&self.getattr_asked),
+            v(&self.getattr_changed),
+            v(&self.getattr_failed),
         )
     }
 }
@@ -119,10 +140,13 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
+        let Some(initial) = self.change_and_size(file) else {
+            return OpenDelegation4::None;
+        };
         let Some(g) = self
             .nfs4
             .state
-            .grant_delegation(client, &session, file, &fh, write)
+            .grant_delegation(client, &session, file, &fh, write, initial)
         else {
             return OpenDelegation4::None;
         };
@@ -152,10 +176,13 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
+        let Some(initial) = self.change_and_size(file) else {
+            return OpenDelegation4::None;
+        };
         let Some(g) = self
             .nfs4
             .state
-            .reclaim_delegation(client, &session, file, &fh, write)
+            .reclaim_delegation(client, &session, file, &fh, write, initial)
         else {
             return OpenDelegation4::None;
         };
@@ -224,6 +251,115 @@ impl Service {
         };
         self.break_delegations4(None, (idx, ino), write)
             .map_err(|_| NfsStat3::Jukebox)
+    }
+
+    /// The file's change attribute and size.
+    fn change_and_size(&self, (idx, ino): FileKey) -> Option<(u64, u64)> {
+        let fs = self.exports.get(idx)?.store.read();
+        let (a, change) = fs.getattr_change(ino).ok()?;
+        Some((change, a.size))
+    }
+
+    /// For a GETATTR by `client` of `file` that asks for `want`: when
+    /// another client holds a write delegation of it and `want` names the
+    /// size or the change attribute, the holder is asked for them with
+    /// CB_GETATTR (RFC 8881 §10.4.3) instead of the delegation being
+    /// recalled. The GETATTR waits for the answer up to
+    /// [`CB_GETATTR_WAIT`], then is answered NFS4ERR_DELAY, and the answer
+    /// serves its retry (and other GETATTRs for [`CB_GETATTR_FRESH`]). When
+    /// the holder says it changed the file, the file's times are set to now
+    /// (which moves its change attribute) and the size to report is the
+    /// holder's (`Ok(Some(size))`). A CB_GETATTR that fails (no answer
+    /// within the callback timeout, an error) has the delegation recalled
+    /// at the next GETATTR, as any other conflict.
+    pub(super) fn held_size4(
+        &self,
+        client: Option<u64>,
+        file: FileKey,
+        want: &Bitmap4,
+    ) -> Result<Option<u64>, Status> {
+        if self.nfs4.state.delegations() == 0 || !(want.has(n::CHANGE) || want.has(n::SIZE)) {
+            return Ok(None);
+        }
+        let mut asked = false;
+        loop {
+            let view = self
+                .nfs4
+                .state
+                .held_attrs(client, file, Instant::now(), CB_GETATTR_FRESH);
+            match view {
+                HeldView::None | HeldView::Recall => {
+                    return self.break_delegations4(client, file, false).map(|()| None)
+                }
+                HeldView::Answered {
+                    modified: false, ..
+                } => return Ok(None),
+                HeldView::Answered {
+                    modified: true,
+                    size,
+                } => {
+                    self.touch(file);
+                    return Ok(Some(size));
+                }
+                HeldView::Asking => return Err(Status::DELAY),
+                HeldView::Ask { .. } if asked => return Err(Status::DELAY),
+                HeldView::Ask { session, other, fh } => {
+                    asked = true;
+                    self.ask_holder(session, other, fh);
+                }
+            }
+        }
+    }
+
+    /// Sends CB_GETATTR for the size and change of the delegation
+    /// `other`'s file, and waits up to [`CB_GETATTR_WAIT`] for the answer,
+    /// which is recorded whenever it comes.
+    fn ask_holder(&self, session: SessionId4, other: [u8; 12], fh: bytes::Bytes) {
+        let op = CbArgOp::Getattr(CbGetattrArgs {
+            fh: Fh4(fh),
+            attr_request: Bitmap4::from_bits([n::CHANGE, n::SIZE]),
+        });
+        let state = self.nfs4.state.clone();
+        let stats = self.nfs4.delegs.clone();
+        stats.getattr_asked.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.nfs4.callbacks.compound(session, vec![op], move |res| {
+            let answer = match &res {
+                Ok(r) => match r.results.get(1) {
+                    Some(CbResOp::Getattr(Ok(f))) => match attr::change_and_size(f) {
+                        Ok((Some(change), Some(size))) => Some((change, size)),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            if answer.is_none() {
+                stats.getattr_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(result = ?res, "CB_GETATTR failed: the delegation is recalled at the next conflicting call");
+            }
+            if state.held_answered(&other, answer, Instant::now()) {
+                stats.getattr_changed.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tx.send(());
+        });
+        let _ = rx.recv_timeout(CB_GETATTR_WAIT);
+    }
+
+    /// Sets the file's access and modify times to now (its holder said it
+    /// changed it): its change attribute moves, so other clients see it
+    /// changed.
+    fn touch(&self, (idx, ino): FileKey) {
+        let Some(ex) = self.exports.get(idx) else {
+            return;
+        };
+        let now = Sattr3 {
+            mtime: SetTime::ServerTime,
+            ..Sattr3::default()
+        };
+        if let Err(e) = ex.store.write().setattr(ino, &Cred::root(), &now, None) {
+            tracing::debug!(error = ?e, "setting a delegated file's times failed");
+        }
     }
 
     /// Sends the recalls a conflict found, and counts what it revoked.

@@ -11,6 +11,7 @@ mod deleg;
 mod ops;
 pub mod pseudo;
 pub mod state;
+pub use deleg::{CB_GETATTR_FRESH, CB_GETATTR_WAIT};
 
 use super::metrics::{CallClass, Procedure, SizeClass};
 use super::{Begun, Caller, LongCall, LongKind, Reply, ReplyBody, Service};

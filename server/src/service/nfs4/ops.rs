@@ -228,11 +228,16 @@ impl Service {
             ArgOp::Lookupp => ResOp::Lookupp(self.lookupp4(cx)),
             ArgOp::Getattr(want) => ResOp::Getattr(cx.cur().and_then(|f| {
                 // Another client's write delegation: its size and change
-                // may be cached there (no CB_GETATTR: it is recalled).
-                if let Fh::File(idx, ino) = f {
-                    self.break_delegations4(cx.client, (idx, ino), false)?;
+                // may be cached there (CB_GETATTR asks for them).
+                let held = match f {
+                    Fh::File(idx, ino) => self.held_size4(cx.client, (idx, ino), want)?,
+                    Fh::Pseudo(_) => None,
+                };
+                let mut src = self.source(f)?;
+                if let Some(size) = held {
+                    src.a.size = size;
                 }
-                self.fattr(cx, f, want)
+                Ok(attrs::encode(want, &src, &self.limits(cx)))
             })),
             ArgOp::Access(want) => ResOp::Access(self.access4(cx, *want)),
             ArgOp::Verify(f) => ResOp::Verify(self.verify4(cx, f, true)),

@@ -123,6 +123,55 @@ struct Deleg {
     /// it was granted: its recall, return or revocation is counted as
     /// over RDMA.
     over_rdma: bool,
+    /// For a write delegation: what CB_GETATTR learned of the file.
+    held: Option<HeldAttrs>,
+}
+
+/// What the holder of a write delegation says of its file's size and
+/// change attribute when asked with CB_GETATTR (RFC 8881 §10.4.3).
+#[derive(Debug, Clone)]
+struct HeldAttrs {
+    /// The file's change attribute and size when the delegation was
+    /// granted: an answer that differs says the holder changed the file.
+    initial: (u64, u64),
+    /// Whether an answer said so (it stays so while the delegation lasts).
+    modified: bool,
+    /// The size the holder last gave.
+    size: u64,
+    /// When it last answered.
+    answered: Option<Instant>,
+    /// A CB_GETATTR is out.
+    asking: bool,
+    /// The last CB_GETATTR failed: the delegation is recalled instead.
+    failed: bool,
+}
+
+/// What another client's GETATTR of a file finds of a write delegation
+/// of it ([`State4::held_attrs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeldView {
+    /// No write delegation of another client that is not being recalled.
+    None,
+    /// The holder answered lately.
+    Answered {
+        /// Whether it changed the file since the grant.
+        modified: bool,
+        /// The size it gave.
+        size: u64,
+    },
+    /// A CB_GETATTR is out and unanswered.
+    Asking,
+    /// Ask the holder (marked asking now).
+    Ask {
+        /// The session the delegation was granted on.
+        session: SessionId4,
+        /// The delegation.
+        other: [u8; 12],
+        /// The file's handle.
+        fh: Bytes,
+    },
+    /// The holder did not answer its last CB_GETATTR: recall.
+    Recall,
 }
 
 /// A delegation granted.
@@ -1077,6 +1126,8 @@ impl State4 {
     /// of the file's delegations is under way, none when the client holds
     /// one of the file already, and none unless the session's backchannel
     /// answered its last call (the recall must be able to reach it).
+    /// `initial`: the file's change attribute and size now (for a write
+    /// delegation's CB_GETATTR).
     pub fn grant_delegation(
         &self,
         client: u64,
@@ -1084,8 +1135,9 @@ impl State4 {
         file: FileKey,
         fh: &[u8],
         write: bool,
+        initial: (u64, u64),
     ) -> Option<Granted> {
-        self.delegate(client, session, file, fh, write, false)
+        self.delegate(client, session, file, fh, write, initial, false)
     }
 
     /// A delegation of `file` the client held before a restart, granted
@@ -1100,12 +1152,14 @@ impl State4 {
         file: FileKey,
         fh: &[u8],
         write: bool,
+        initial: (u64, u64),
     ) -> Option<Granted> {
-        self.delegate(client, session, file, fh, write, true)
+        self.delegate(client, session, file, fh, write, initial, true)
     }
 
     /// [`State4::grant_delegation`], and with `reclaim` whatever the
     /// backchannel's state: the delegation and that state.
+    #[allow(clippy::too_many_arguments)]
     fn delegate(
         &self,
         client: u64,
@@ -1113,6 +1167,7 @@ impl State4 {
         file: FileKey,
         fh: &[u8],
         write: bool,
+        initial: (u64, u64),
         reclaim: bool,
     ) -> Option<Granted> {
         let mut t = self.lock();
@@ -1133,6 +1188,14 @@ impl State4 {
             recalled: None,
             resend: false,
             over_rdma,
+            held: write.then_some(HeldAttrs {
+                initial,
+                modified: false,
+                size: initial.1,
+                answered: None,
+                asking: false,
+                failed: false,
+            }),
         };
         let stateid = Self::insert_delegation(&mut t, self, client, file, g)?;
         Some(Granted {
@@ -1253,6 +1316,94 @@ impl State4 {
             }
         }
         out
+    }
+
+    /// What a GETATTR of `file` by `client` (its size or change) finds of
+    /// another client's write delegation of it: an answer of its holder
+    /// given less than `fresh` before `now`, a CB_GETATTR out, or the
+    /// holder to ask (the delegation is marked as asked, so one goes out
+    /// at a time).
+    pub fn held_attrs(
+        &self,
+        client: Option<u64>,
+        file: FileKey,
+        now: Instant,
+        fresh: Duration,
+    ) -> HeldView {
+        if self.delegations() == 0 {
+            return HeldView::None;
+        }
+        let mut t = self.lock();
+        let Some(list) = t.by_file.get(&file).cloned() else {
+            return HeldView::None;
+        };
+        for o in list {
+            let e = t.states.get_mut(&o).expect("listed by file");
+            let Kind::Deleg(d) = &mut e.kind else {
+                continue;
+            };
+            if Some(e.client) == client || d.recalled.is_some() {
+                continue;
+            }
+            let Some(h) = &mut d.held else {
+                continue;
+            };
+            return if h.failed {
+                HeldView::Recall
+            } else if h
+                .answered
+                .is_some_and(|at| now.saturating_duration_since(at) < fresh)
+            {
+                HeldView::Answered {
+                    modified: h.modified,
+                    size: h.size,
+                }
+            } else if h.asking {
+                HeldView::Asking
+            } else {
+                h.asking = true;
+                HeldView::Ask {
+                    session: d.session,
+                    other: o,
+                    fh: d.fh.clone(),
+                }
+            };
+        }
+        HeldView::None
+    }
+
+    /// The answer to a CB_GETATTR of the delegation `other`: the change
+    /// attribute and size its holder gave (`None`: the call failed, or
+    /// the answer lacked them), at `now`: whether it says the holder
+    /// changed the file since the grant.
+    pub fn held_answered(
+        &self,
+        other: &[u8; 12],
+        answer: Option<(u64, u64)>,
+        now: Instant,
+    ) -> bool {
+        let mut t = self.lock();
+        let Some(StateEntry {
+            kind: Kind::Deleg(Deleg { held: Some(h), .. }),
+            ..
+        }) = t.states.get_mut(other)
+        else {
+            return false;
+        };
+        h.asking = false;
+        match answer {
+            Some((change, size)) => {
+                let changed = (change, size) != h.initial;
+                h.modified |= changed;
+                h.size = size;
+                h.answered = Some(now);
+                changed
+            }
+            None => {
+                h.failed = true;
+                false
+            }
+        }
     }
 
     /// A recall of the delegation `other` failed (no backchannel, no
@@ -1945,10 +2096,10 @@ mod tests {
         let (tcp, tcp_sid, _c2) = client_on(&s, b"over tcp", Transport::Tcp);
         let file = (0, Ino::for_test(7));
         let r = s
-            .grant_delegation(rdma, &rdma_sid, file, b"fh", false)
+            .grant_delegation(rdma, &rdma_sid, file, b"fh", false, (0, 0))
             .unwrap();
         let t = s
-            .grant_delegation(tcp, &tcp_sid, file, b"fh", false)
+            .grant_delegation(tcp, &tcp_sid, file, b"fh", false, (0, 0))
             .unwrap();
         assert!(r.over_rdma && !t.over_rdma, "{r:?} {t:?}");
         let t0 = Instant::now();
@@ -1969,7 +2120,7 @@ mod tests {
         // Returned, a delegation granted over RDMA says so.
         let file2 = (0, Ino::for_test(8));
         let r2 = s
-            .grant_delegation(rdma, &rdma_sid, file2, b"fh2", true)
+            .grant_delegation(rdma, &rdma_sid, file2, b"fh2", true, (0, 0))
             .unwrap();
         assert_eq!(s.delegreturn(rdma, &r2.stateid, file2), Ok(true));
     }
