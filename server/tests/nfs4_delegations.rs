@@ -538,6 +538,9 @@ fn another_clients_getattr_asks_the_write_delegation_holder_with_cb_getattr() {
     };
     assert_eq!(st, Status::OK);
     assert!(c1 > c0, "change {c1} after {c0}");
+    // Asked again while the answer serves: the same change attribute (it
+    // moves once per change the holder reports, not at each GETATTR).
+    assert_eq!(getattr(&mut b, &fh, &CS), (Status::OK, Some((c1, 5))));
     assert!(recalls.lock().unwrap().is_empty(), "nothing recalled");
     // A fails CB_GETATTR: the delegation is recalled, then returned.
     *held.lock().unwrap() = None;

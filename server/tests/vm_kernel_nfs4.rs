@@ -900,3 +900,93 @@ fn a_second_clients_stat_asks_the_write_delegation_holder_over_rdma_and_recalls_
         "A's probe and the CB_GETATTR as backward calls: {calls}, answered {replies}, dropped {dropped}"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_delegation_of_a_client_cut_off_goes_with_its_lease_and_the_writer_over_rdma_proceeds() {
+    common::kernel::in_vm(&["nfsv4"]);
+    let a = addr();
+    let lease = 15;
+    let d = Daemon::start(&["--lease", &lease.to_string()]);
+    let _net = second_client(&a, || {
+        let (_, xprt) = mount(
+            &format!("{a}:/export"),
+            "/mnt/da",
+            "vers=4.2,proto=rdma,port=20049",
+        );
+        assert_eq!(xprt, "rdma");
+    });
+    // B (in the network namespace, over TCP) writes the file (to the
+    // server: fsync), then keeps it open for reading: it holds a
+    // delegation and reads from its cache.
+    let first = data(150_000, 51);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create("/mnt/db/cut-off").unwrap();
+        f.write_all(&first).unwrap();
+        f.sync_all().unwrap();
+    }
+    let held = std::fs::File::open("/mnt/db/cut-off").unwrap();
+    assert!(std::fs::read("/mnt/db/cut-off").unwrap() == first);
+    assert_eq!(op_count("/mnt/db", "DELEGRETURN"), 0);
+    // B's link is cut: it cannot answer the recall nor renew its lease.
+    let b_ids = op_count("/mnt/db", "EXCHANGE_ID");
+    sh("ip netns exec nfsdeleg ip link set vdeleg1 down");
+    // A (over RDMA) opens the file for writing: answered NFS4ERR_DELAY
+    // while the recall to B goes unanswered (sent again at A's retries),
+    // until B's state goes with its lease; then A's open and write go
+    // through.
+    let second = data(8192, 52);
+    let t0 = std::time::Instant::now();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/mnt/da/cut-off")
+            .unwrap();
+        f.write_all(&second).unwrap();
+        f.sync_all().unwrap();
+    }
+    eprintln!(
+        "A's open and write went through {:.1} s after A began (lease {lease} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    // B's link comes back: its client finds its lease gone (at its next
+    // call to the server: until then it trusts its delegation and its
+    // cache) and starts over with a new client ID; what it reads then is
+    // A's bytes, not its cache.
+    sh("ip netns exec nfsdeleg sh -c 'ip link set vdeleg1 up && ip route replace default via 10.96.0.1'");
+    drop(held);
+    let t1 = std::time::Instant::now();
+    while op_count("/mnt/db", "EXCHANGE_ID") == b_ids {
+        assert!(
+            t1.elapsed().as_secs() < 180,
+            "B's client did not start over within 180 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let seen_by_b = std::fs::read("/mnt/db/cut-off").unwrap();
+    eprintln!(
+        "B started over and read the file {:.1} s after its link came back",
+        t1.elapsed().as_secs_f64()
+    );
+    let seen_by_a = std::fs::read("/mnt/da/cut-off").unwrap();
+    sh("timeout 60 umount /mnt/db; timeout 60 umount /mnt/da");
+    let (ok, report) = d.stop();
+    eprintln!("{report}");
+    assert!(ok, "nfsrdmad did not exit cleanly");
+    for (who, got) in [("A", &seen_by_a), ("B", &seen_by_b)] {
+        assert_eq!(got.len(), first.len(), "{who}");
+        assert!(got[..8192] == second[..], "A's bytes seen by {who}");
+        assert!(
+            got[8192..] == first[8192..],
+            "B's first bytes after them, seen by {who}"
+        );
+    }
+    // granted read, write, recalled, failed, ...: the recall to B was sent
+    // and failed (no answer).
+    let n = report_numbers(&report, "nfs4 delegations: ");
+    assert!(n[2] >= 1 && n[3] >= 1, "a recall sent and failed: {n:?}");
+    let cb = report_numbers(&report, "nfs4 backchannel: ");
+    assert!(cb[2] >= 1, "a call back failed: {cb:?}");
+}

@@ -66,11 +66,13 @@ pub struct DelegStats {
     /// Delegations revoked (their recall unanswered for a lease).
     pub revoked: AtomicU64,
     /// Of those granted, those whose session's backchannel was on an RDMA
-    /// connection (the rest: on TCP); and of the recalls, returns and
-    /// revocations, those of delegations granted so.
+    /// connection (the rest: on TCP).
     pub granted_over_rdma: AtomicU64,
+    /// Recalls of delegations granted over RDMA.
     pub recalled_over_rdma: AtomicU64,
+    /// Delegations granted over RDMA and returned.
     pub returned_over_rdma: AtomicU64,
+    /// Delegations granted over RDMA and revoked.
     pub revoked_over_rdma: AtomicU64,
     /// CB_GETATTRs sent (another client's GETATTR of a file under a
     /// write delegation).
@@ -267,9 +269,10 @@ impl Service {
     /// recalled. The GETATTR waits for the answer up to
     /// [`CB_GETATTR_WAIT`], then is answered NFS4ERR_DELAY, and the answer
     /// serves its retry (and other GETATTRs for [`CB_GETATTR_FRESH`]). When
-    /// the holder says it changed the file, the file's times are set to now
-    /// (which moves its change attribute) and the size to report is the
-    /// holder's (`Ok(Some(size))`). A CB_GETATTR that fails (no answer
+    /// the holder says it changed the file since the grant, the size to
+    /// report is the holder's (`Ok(Some(size))`), and each answer that
+    /// differs from the one before has the file's modify time set to now
+    /// (which moves its change attribute, once per change seen). A CB_GETATTR that fails (no answer
     /// within the callback timeout, an error) has the delegation recalled
     /// at the next GETATTR, as any other conflict.
     pub(super) fn held_size4(
@@ -297,8 +300,11 @@ impl Service {
                 HeldView::Answered {
                     modified: true,
                     size,
+                    touch,
                 } => {
-                    self.touch(file);
+                    if touch {
+                        self.touch(file);
+                    }
                     return Ok(Some(size));
                 }
                 HeldView::Asking => return Err(Status::DELAY),
@@ -346,9 +352,8 @@ impl Service {
         let _ = rx.recv_timeout(CB_GETATTR_WAIT);
     }
 
-    /// Sets the file's access and modify times to now (its holder said it
-    /// changed it): its change attribute moves, so other clients see it
-    /// changed.
+    /// Sets the file's modify time to now (its holder said it changed
+    /// it): its change attribute moves, so other clients see it changed.
     fn touch(&self, (idx, ino): FileKey) {
         let Some(ex) = self.exports.get(idx) else {
             return;

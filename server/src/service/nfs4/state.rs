@@ -131,13 +131,15 @@ struct Deleg {
 /// change attribute when asked with CB_GETATTR (RFC 8881 §10.4.3).
 #[derive(Debug, Clone)]
 struct HeldAttrs {
-    /// The file's change attribute and size when the delegation was
-    /// granted: an answer that differs says the holder changed the file.
-    initial: (u64, u64),
+    /// The change attribute and size the holder last gave (at first the
+    /// file's when the delegation was granted): an answer that differs
+    /// says the holder changed the file since.
+    last: (u64, u64),
     /// Whether an answer said so (it stays so while the delegation lasts).
     modified: bool,
-    /// The size the holder last gave.
-    size: u64,
+    /// The last answer said so, and no GETATTR has moved the file's
+    /// change attribute for it yet.
+    touch: bool,
     /// When it last answered.
     answered: Option<Instant>,
     /// A CB_GETATTR is out.
@@ -158,6 +160,10 @@ pub enum HeldView {
         modified: bool,
         /// The size it gave.
         size: u64,
+        /// Whether it changed the file since its answer before: the
+        /// file's change attribute is to move (once per change; this
+        /// GETATTR moves it).
+        touch: bool,
     },
     /// A CB_GETATTR is out and unanswered.
     Asking,
@@ -1189,9 +1195,9 @@ impl State4 {
             resend: false,
             over_rdma,
             held: write.then_some(HeldAttrs {
-                initial,
+                last: initial,
                 modified: false,
-                size: initial.1,
+                touch: false,
                 answered: None,
                 asking: false,
                 failed: false,
@@ -1356,7 +1362,8 @@ impl State4 {
             {
                 HeldView::Answered {
                     modified: h.modified,
-                    size: h.size,
+                    size: h.last.1,
+                    touch: std::mem::take(&mut h.touch),
                 }
             } else if h.asking {
                 HeldView::Asking
@@ -1375,7 +1382,7 @@ impl State4 {
     /// The answer to a CB_GETATTR of the delegation `other`: the change
     /// attribute and size its holder gave (`None`: the call failed, or
     /// the answer lacked them), at `now`: whether it says the holder
-    /// changed the file since the grant.
+    /// changed the file since its answer before (or the grant).
     pub fn held_answered(
         &self,
         other: &[u8; 12],
@@ -1393,9 +1400,12 @@ impl State4 {
         h.asking = false;
         match answer {
             Some((change, size)) => {
-                let changed = (change, size) != h.initial;
-                h.modified |= changed;
-                h.size = size;
+                let changed = (change, size) != h.last;
+                if changed {
+                    h.last = (change, size);
+                    h.modified = true;
+                    h.touch = true;
+                }
                 h.answered = Some(now);
                 changed
             }
