@@ -365,22 +365,27 @@ impl Pool {
         let (tx, waker) = (t.tx.clone(), t.waker.clone());
         let serial = at.serial;
         let room = inline_send.saturating_sub(BARE_HEADER) as usize;
-        Ok(BackConn::new(Transport::Rdma, move |parts: Vec<Bytes>| {
-            if parts.iter().map(Bytes::len).sum::<usize>() > room {
-                return false;
-            }
-            let sent = tx
-                .send(Msg::BackCall {
-                    qp_num,
-                    serial,
-                    parts,
-                })
-                .is_ok();
-            if sent {
-                waker.wake();
-            }
-            sent
-        }))
+        let home = t.handle.as_ref().map(|h| h.thread().id());
+        Ok(BackConn::served_by(
+            Transport::Rdma,
+            home,
+            move |parts: Vec<Bytes>| {
+                if parts.iter().map(Bytes::len).sum::<usize>() > room {
+                    return false;
+                }
+                let sent = tx
+                    .send(Msg::BackCall {
+                        qp_num,
+                        serial,
+                        parts,
+                    })
+                    .is_ok();
+                if sent {
+                    waker.wake();
+                }
+                sent
+            },
+        ))
     }
 
     /// Asks the connection's thread to drop it; the answer comes on the

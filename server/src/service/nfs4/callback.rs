@@ -39,6 +39,9 @@ pub struct BackConn {
     /// Calls sent on this connection that wait for their reply, by xid.
     waiting: Mutex<HashMap<u32, mpsc::SyncSender<Bytes>>>,
     open: AtomicBool,
+    /// The one thread that sends the connection's messages, when it has
+    /// one (an RDMA connection's pool thread).
+    home: Option<std::thread::ThreadId>,
 }
 
 impl BackConn {
@@ -48,12 +51,30 @@ impl BackConn {
         transport: Transport,
         send: impl Fn(Vec<Bytes>) -> bool + Send + Sync + 'static,
     ) -> Arc<BackConn> {
+        Self::served_by(transport, None, send)
+    }
+
+    /// [`BackConn::new`] for a connection whose messages only thread
+    /// `home` sends: a call handed to it goes out once that thread is
+    /// free, so that thread must not wait for its reply.
+    pub fn served_by(
+        transport: Transport,
+        home: Option<std::thread::ThreadId>,
+        send: impl Fn(Vec<Bytes>) -> bool + Send + Sync + 'static,
+    ) -> Arc<BackConn> {
         Arc::new(BackConn {
             transport,
             send: Box::new(send),
             waiting: Mutex::new(HashMap::new()),
             open: AtomicBool::new(true),
+            home,
         })
+    }
+
+    /// Whether the calling thread is the one that sends the connection's
+    /// messages (its calls cannot go out while this thread waits).
+    pub fn served_here(&self) -> bool {
+        self.home == Some(std::thread::current().id())
     }
 
     /// The transport the connection is on.
@@ -964,6 +985,21 @@ mod tests {
         let sent = cb.stats().sent.load(Ordering::Relaxed);
         assert!((1..=2).contains(&sent), "{sent} probes sent");
         assert_eq!(state.back_path(&sid), Some(Path::Down));
+    }
+
+    /// A connection whose messages one thread sends says so on that
+    /// thread only; one without such a thread, nowhere.
+    #[test]
+    fn a_connection_served_by_one_thread_is_served_here_on_that_thread_only() {
+        let here =
+            BackConn::served_by(Transport::Rdma, Some(std::thread::current().id()), |_| true);
+        let anywhere = BackConn::new(Transport::Tcp, |_| true);
+        assert!(here.served_here() && !anywhere.served_here());
+        let (h, a) = (here.clone(), anywhere.clone());
+        let elsewhere = std::thread::spawn(move || (h.served_here(), a.served_here()))
+            .join()
+            .unwrap();
+        assert_eq!(elsewhere, (false, false));
     }
 
     #[test]

@@ -319,7 +319,11 @@ impl Service {
 
     /// Sends CB_GETATTR for the size and change of the delegation
     /// `other`'s file, and waits up to [`CB_GETATTR_WAIT`] for the answer,
-    /// which is recorded whenever it comes.
+    /// which is recorded whenever it comes. It does not wait when this
+    /// thread is the one that sends the holder's messages (an RDMA pool
+    /// thread serving both clients' connections): the call goes out once
+    /// this one is answered (NFS4ERR_DELAY), and its answer serves the
+    /// retry.
     fn ask_holder(&self, session: SessionId4, other: [u8; 12], fh: bytes::Bytes) {
         let op = CbArgOp::Getattr(CbGetattrArgs {
             fh: Fh4(fh),
@@ -328,6 +332,11 @@ impl Service {
         let state = self.nfs4.state.clone();
         let stats = self.nfs4.delegs.clone();
         stats.getattr_asked.fetch_add(1, Ordering::Relaxed);
+        let here = self
+            .nfs4
+            .state
+            .back_target(&session)
+            .is_some_and(|(c, ..)| c.served_here());
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.nfs4.callbacks.compound(session, vec![op], move |res| {
             let answer = match &res {
@@ -349,7 +358,9 @@ impl Service {
             }
             let _ = tx.send(());
         });
-        let _ = rx.recv_timeout(CB_GETATTR_WAIT);
+        if !here {
+            let _ = rx.recv_timeout(CB_GETATTR_WAIT);
+        }
     }
 
     /// Sets the file's modify time to now (its holder said it changed
