@@ -773,16 +773,20 @@ fn second_client(a: &str, mount_a: impl FnOnce()) -> SecondClientNet {
     net
 }
 
+/// Client A: the kernel client of this namespace, mounted at /mnt/da
+/// with `opts` (over RDMA when `rdma`, checked).
+fn mount_a(a: &str, opts: &str, rdma: bool) {
+    let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/da", opts);
+    assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
+}
+
 /// Client A, mounted with `a_opts`, holds a delegation of a file that
 /// client B ([`second_client`]) opens for writing.
 fn second_client_recalls(a_opts: &str, rdma: bool) {
     common::kernel::in_vm(&["nfsv4"]);
     let a = addr();
     let d = Daemon::start(&["--lease", "15"]);
-    let _net = second_client(&a, || {
-        let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/da", a_opts);
-        assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
-    });
+    let _net = second_client(&a, || mount_a(&a, a_opts, rdma));
     // A writes the file and keeps it open for reading: it holds a
     // delegation, and reads from its cache.
     let first = data(200_000, 31);
@@ -839,14 +843,7 @@ fn a_second_clients_stat_asks_the_write_delegation_holder_over_rdma_and_recalls_
     common::kernel::in_vm(&["nfsv4"]);
     let a = addr();
     let d = Daemon::start(&["--lease", "15"]);
-    let _net = second_client(&a, || {
-        let (_, xprt) = mount(
-            &format!("{a}:/export"),
-            "/mnt/da",
-            "vers=4.2,proto=rdma,port=20049",
-        );
-        assert_eq!(xprt, "rdma");
-    });
+    let _net = second_client(&a, || mount_a(&a, "vers=4.2,proto=rdma,port=20049", true));
     // A creates a file and writes it, and keeps it open: it holds a write
     // delegation, under which it need not send its writes yet.
     let bytes = data(100_000, 41);
@@ -908,14 +905,7 @@ fn a_delegation_of_a_client_cut_off_goes_with_its_lease_and_the_writer_over_rdma
     let a = addr();
     let lease = 15;
     let d = Daemon::start(&["--lease", &lease.to_string()]);
-    let _net = second_client(&a, || {
-        let (_, xprt) = mount(
-            &format!("{a}:/export"),
-            "/mnt/da",
-            "vers=4.2,proto=rdma,port=20049",
-        );
-        assert_eq!(xprt, "rdma");
-    });
+    let _net = second_client(&a, || mount_a(&a, "vers=4.2,proto=rdma,port=20049", true));
     // B (in the network namespace, over TCP) writes the file (to the
     // server: fsync), then keeps it open for reading: it holds a
     // delegation and reads from its cache.
@@ -953,21 +943,26 @@ fn a_delegation_of_a_client_cut_off_goes_with_its_lease_and_the_writer_over_rdma
     );
     // B's link comes back: its client finds its lease gone (at its next
     // call to the server: until then it trusts its delegation and its
-    // cache) and starts over with a new client ID; what it reads then is
-    // A's bytes, not its cache.
+    // cache) and starts over with a new client ID, and drops the
+    // delegation; from then on it reads A's bytes, not its cache (within
+    // 120 s; how long it takes is printed).
     sh("ip netns exec nfsdeleg sh -c 'ip link set vdeleg1 up && ip route replace default via 10.96.0.1'");
     drop(held);
     let t1 = std::time::Instant::now();
-    while op_count("/mnt/db", "EXCHANGE_ID") == b_ids {
-        assert!(
-            t1.elapsed().as_secs() < 180,
-            "B's client did not start over within 180 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut seen_by_b;
+    loop {
+        seen_by_b = std::fs::read("/mnt/db/cut-off").unwrap();
+        let started_over = op_count("/mnt/db", "EXCHANGE_ID") > b_ids;
+        if started_over && seen_by_b.get(..8192) == Some(&second[..]) {
+            break;
+        }
+        if t1.elapsed().as_secs() > 120 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
     }
-    let seen_by_b = std::fs::read("/mnt/db/cut-off").unwrap();
     eprintln!(
-        "B started over and read the file {:.1} s after its link came back",
+        "B started over and read A's bytes {:.1} s after its link came back",
         t1.elapsed().as_secs_f64()
     );
     let seen_by_a = std::fs::read("/mnt/da/cut-off").unwrap();

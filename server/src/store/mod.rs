@@ -1615,55 +1615,100 @@ impl Fs {
         };
         if size < f.size && !null {
             let keep_blocks = size.div_ceil(BLOCK_SIZE as u64);
-            f.blocks.split_off(&keep_blocks);
-            // Zero the tail of the last kept block, so that a later
-            // extension reads zeros there.
             let tail = (size % BLOCK_SIZE as u64) as usize;
-            if tail > 0 {
-                let source = self.source.as_ref();
-                match f.blocks.get_mut(&(keep_blocks - 1)) {
-                    Some(FileBlock::Whole(b)) if tail < b.capacity() => {
-                        if b.is_shared() {
-                            *b = b
-                                .copy_resized(source, b.capacity(), tail)
-                                .ok_or(NfsStat3::Nospc)?;
-                        } else {
-                            b.get_mut().expect("unique")[tail..].fill(0);
-                        }
+            // The last kept block's tail is zeroed, so that a later
+            // extension reads zeros there; where that memory is shared
+            // (with a reader, another file, or the block's other pages)
+            // the part kept is copied first, which may hold more memory
+            // than before: reserved before anything changes.
+            let copy = if tail > 0 {
+                match f.blocks.get(&(keep_blocks - 1)) {
+                    Some(FileBlock::Whole(b)) if tail < b.capacity() && b.is_shared() => {
+                        b.capacity() as u64
                     }
-                    Some(FileBlock::Pages(pages)) => {
-                        let cut = tail.div_ceil(PAGE);
-                        for p in pages[cut..].iter_mut() {
-                            *p = None;
-                        }
-                        if !tail.is_multiple_of(PAGE) {
-                            if let Some(p) = &mut pages[cut - 1] {
-                                let keep = tail % PAGE;
-                                if p.is_shared() {
-                                    *p = p
-                                        .copy_resized(source, PAGE, keep)
-                                        .ok_or(NfsStat3::Nospc)?;
-                                }
-                                p.get_mut().expect("unique")[keep..].fill(0);
-                            }
-                        }
-                    }
-                    _ => {}
+                    Some(FileBlock::Pages(pages)) if !tail.is_multiple_of(PAGE) => pages
+                        [tail.div_ceil(PAGE) - 1]
+                        .as_ref()
+                        .filter(|p| p.is_shared())
+                        .map_or(0, |_| PAGE as u64),
+                    _ => 0,
                 }
-                if let Some(b) = f.blocks.remove(&(keep_blocks - 1)) {
-                    let b = settle(b, source, &self.write_compacted)?;
-                    f.blocks.insert(keep_blocks - 1, b);
-                }
-            }
+            } else {
+                0
+            };
+            self.reserve(copy)?;
             let before = f.used;
+            f.blocks.split_off(&keep_blocks);
+            let zeroed = if tail > 0 {
+                Self::zero_tail(
+                    f,
+                    keep_blocks - 1,
+                    tail,
+                    self.source.as_ref(),
+                    &self.write_compacted,
+                )
+            } else {
+                Ok(())
+            };
             f.used = f.blocks.values().map(|b| b.pinned() as u64).sum();
-            self.used_bytes.fetch_add(f.used, Ordering::Relaxed);
-            self.used_bytes.fetch_sub(before, Ordering::Relaxed);
+            self.used_bytes.fetch_add(
+                f.used.wrapping_sub(before).wrapping_sub(copy),
+                Ordering::Relaxed,
+            );
+            zeroed?;
         }
         f.size = size;
         let t = now();
         i.attr.mtime = t;
         i.attr.set_ctime(t);
+        Ok(())
+    }
+
+    /// Zeroes block `k` of `f` from `tail` on (copying what is kept
+    /// where the memory is shared), then gathers the block into a whole
+    /// one if its pages keep more than two blocks' memory alive (kept
+    /// as it is when no memory is there for that).
+    fn zero_tail(
+        f: &mut FileData,
+        k: u64,
+        tail: usize,
+        source: &dyn BlockSource,
+        gathered: &AtomicU64,
+    ) -> SResult<()> {
+        match f.blocks.get_mut(&k) {
+            Some(FileBlock::Whole(b)) if tail < b.capacity() => {
+                if b.is_shared() {
+                    *b = b
+                        .copy_resized(source, b.capacity(), tail)
+                        .ok_or(NfsStat3::Nospc)?;
+                } else {
+                    b.get_mut().expect("unique")[tail..].fill(0);
+                }
+            }
+            Some(FileBlock::Pages(pages)) => {
+                let cut = tail.div_ceil(PAGE);
+                for p in pages[cut..].iter_mut() {
+                    *p = None;
+                }
+                if !tail.is_multiple_of(PAGE) {
+                    if let Some(p) = &mut pages[cut - 1] {
+                        let keep = tail % PAGE;
+                        if p.is_shared() {
+                            *p = p.copy_resized(source, PAGE, keep).ok_or(NfsStat3::Nospc)?;
+                        }
+                        p.get_mut().expect("unique")[keep..].fill(0);
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(b) = f.blocks.get_mut(&k) {
+            if b.pinned() > 2 * BLOCK_SIZE {
+                if let Ok(whole) = settle(b.clone(), source, gathered) {
+                    *b = whole;
+                }
+            }
+        }
         Ok(())
     }
 

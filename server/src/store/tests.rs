@@ -1824,3 +1824,51 @@ fn landed_writes_on_a_full_store_are_taken_over_or_copied_never_refused() {
         Err(NfsStat3::Nospc)
     );
 }
+
+/// A truncate inside a page whose memory the block's other pages share
+/// copies the part kept, which holds one more page: on a full store it is
+/// refused (NFS3ERR_NOSPC, nothing changed), with room it goes through,
+/// and the store never counts more than its capacity.
+#[test]
+fn a_truncate_that_must_copy_a_shared_page_reserves_it_first() {
+    use blocks::PAGE;
+    for room in [0, PAGE as u64] {
+        let s = store();
+        let mut fs = s.write();
+        let root = fs.root();
+        let f = mkfile(&mut fs, root, "f");
+        // One landing buffer of two pages, taken over at the file's
+        // second page: its second and third pages view it, counted once.
+        let buf = landing_blocks(1, 2 * PAGE, 7);
+        fs.write(f, &Cred::root(), PAGE as u64, &landed(&buf, 2 * PAGE))
+            .unwrap();
+        drop(buf);
+        assert_eq!(fs.getattr(f).unwrap().used, 2 * PAGE as u64);
+        // The store full but for `room`.
+        fs.config.capacity_bytes = 2 * PAGE as u64 + room;
+        let mut model = vec![0u8; PAGE];
+        model.extend(vec![7u8; 2 * PAGE]);
+        assert_eq!(read(&fs, f, 0, 4 * PAGE as u32).0, model);
+        // Cut inside the third page: the second still views the buffer,
+        // so the third's kept part is copied into a page of its own.
+        let size = (2 * PAGE + 100) as u64;
+        let r = fs.truncate(f, size);
+        let counted = fs.used_bytes.load(Ordering::Relaxed);
+        assert!(
+            counted <= fs.config.capacity_bytes,
+            "{counted} counted, room {room}"
+        );
+        if room == 0 {
+            assert_eq!(r, Err(NfsStat3::Nospc));
+            assert_eq!(fs.getattr(f).unwrap().size, 3 * PAGE as u64);
+            assert_eq!(read(&fs, f, 0, 4 * PAGE as u32).0, model);
+        } else {
+            assert_eq!(r, Ok(()));
+            assert_eq!(counted, 3 * PAGE as u64);
+            // Extended again: zeros after the cut.
+            fs.truncate(f, 3 * PAGE as u64).unwrap();
+            model[2 * PAGE + 100..].fill(0);
+            assert_eq!(read(&fs, f, 0, 4 * PAGE as u32).0, model);
+        }
+    }
+}

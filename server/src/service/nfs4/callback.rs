@@ -680,10 +680,8 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::nfs4::state::ChannelLimits;
     use nfsrdma_xdr::nfs4::cb::{CbRecallArgs, CbResOp, CbSequenceResOk};
-    use nfsrdma_xdr::nfs4::ops::ChannelAttrs4;
-    use nfsrdma_xdr::nfs4::{Fh4, Opaque4, Stateid4};
+    use nfsrdma_xdr::nfs4::{Fh4, Stateid4};
     use nfsrdma_xdr::rpc::split_message;
 
     /// What the client in these tests does with a CB_COMPOUND: its
@@ -704,9 +702,6 @@ mod tests {
         owner: &'static [u8],
         answer: Arc<Answer>,
     ) -> (SessionId4, Arc<BackConn>) {
-        let (id, seq, _) = state
-            .exchange_id(&Opaque4(Bytes::from_static(owner)), [1; 8], None, false)
-            .unwrap();
         let conn_slot: Arc<Mutex<Weak<BackConn>>> = Arc::default();
         let slot = conn_slot.clone();
         let conn = BackConn::new(Transport::Tcp, move |parts: Vec<Bytes>| {
@@ -727,35 +722,8 @@ mod tests {
             true
         });
         *conn_slot.lock().unwrap() = Arc::downgrade(&conn);
-        let attrs = ChannelAttrs4 {
-            headerpadsize: 0,
-            maxrequestsize: 4096,
-            maxresponsesize: 4096,
-            maxresponsesize_cached: 0,
-            maxoperations: 8,
-            maxrequests: 4,
-            rdma_ird: BoundedVec(vec![]),
-        };
-        let args = CreateSessionArgs {
-            clientid: id,
-            sequence: seq,
-            flags: session_flags::CONN_BACK_CHAN,
-            fore_chan_attrs: attrs.clone(),
-            back_chan_attrs: attrs,
-            cb_program: 0x4000_0001,
-            sec_parms: BoundedVec(vec![CallbackSecParms::None]),
-        };
-        let back = Back::granted(&args, 1, Some(&conn));
-        assert!(back.is_some());
-        let limits = ChannelLimits {
-            max_request: 4096,
-            max_response: 4096,
-            max_cached: 0,
-            max_ops: 8,
-            max_slots: 4,
-        };
-        let res = state.create_session(&args, limits, None, back).unwrap();
-        (res.sessionid, conn)
+        let (_, sid) = crate::service::nfs4::state::session_with_back(state, owner, &conn);
+        (sid, conn)
     }
 
     fn recall() -> CbArgOp {

@@ -2022,6 +2022,53 @@ fn purge_client(t: &mut Tables, id: u64) {
     }
 }
 
+/// For tests: a new client `owner` of `state` with one session whose
+/// backchannel is on `conn` (its path not yet probed).
+#[cfg(test)]
+pub(crate) fn session_with_back(
+    state: &State4,
+    owner: &'static [u8],
+    conn: &Arc<BackConn>,
+) -> (u64, SessionId4) {
+    use nfsrdma_xdr::nfs4::ops::{CallbackSecParms, CreateSessionArgs};
+    use nfsrdma_xdr::BoundedVec;
+    let (id, seq, _) = state
+        .exchange_id(&Opaque4(Bytes::from_static(owner)), [1; 8], None, false)
+        .unwrap();
+    let attrs = ChannelAttrs4 {
+        headerpadsize: 0,
+        maxrequestsize: 4096,
+        maxresponsesize: 4096,
+        maxresponsesize_cached: 0,
+        maxoperations: 8,
+        maxrequests: 4,
+        rdma_ird: BoundedVec(vec![]),
+    };
+    let args = CreateSessionArgs {
+        clientid: id,
+        sequence: seq,
+        flags: nfsrdma_xdr::nfs4::session_flags::CONN_BACK_CHAN,
+        fore_chan_attrs: attrs.clone(),
+        back_chan_attrs: attrs,
+        cb_program: 0x4000_0001,
+        sec_parms: BoundedVec(vec![CallbackSecParms::None]),
+    };
+    let back = Back::granted(&args, 1, Some(conn));
+    assert!(back.is_some());
+    let limits = ChannelLimits {
+        max_request: 4096,
+        max_response: 4096,
+        max_cached: 0,
+        max_ops: 8,
+        max_slots: 4,
+    };
+    let sid = state
+        .create_session(&args, limits, None, back)
+        .unwrap()
+        .sessionid;
+    (id, sid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2055,42 +2102,8 @@ mod tests {
         owner: &'static [u8],
         transport: Transport,
     ) -> (u64, SessionId4, Arc<BackConn>) {
-        use nfsrdma_xdr::nfs4::ops::{CallbackSecParms, CreateSessionArgs};
-        use nfsrdma_xdr::BoundedVec;
-        let (id, seq, _) = s
-            .exchange_id(&Opaque4(Bytes::from_static(owner)), [1; 8], None, false)
-            .unwrap();
         let conn = BackConn::new(transport, |_| true);
-        let attrs = ChannelAttrs4 {
-            headerpadsize: 0,
-            maxrequestsize: 4096,
-            maxresponsesize: 4096,
-            maxresponsesize_cached: 0,
-            maxoperations: 8,
-            maxrequests: 4,
-            rdma_ird: BoundedVec(vec![]),
-        };
-        let args = CreateSessionArgs {
-            clientid: id,
-            sequence: seq,
-            flags: nfsrdma_xdr::nfs4::session_flags::CONN_BACK_CHAN,
-            fore_chan_attrs: attrs.clone(),
-            back_chan_attrs: attrs,
-            cb_program: 1,
-            sec_parms: BoundedVec(vec![CallbackSecParms::None]),
-        };
-        let limits = ChannelLimits {
-            max_request: 4096,
-            max_response: 4096,
-            max_cached: 0,
-            max_ops: 8,
-            max_slots: 4,
-        };
-        let back = Back::granted(&args, 1, Some(&conn));
-        let sid = s
-            .create_session(&args, limits, None, back)
-            .unwrap()
-            .sessionid;
+        let (id, sid) = session_with_back(s, owner, &conn);
         s.set_back_path(&sid, Path::Up);
         (id, sid, conn)
     }
