@@ -142,8 +142,14 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
-        let Some(initial) = self.change_and_size(file) else {
-            return OpenDelegation4::None;
+        // A write delegation's CB_GETATTR compares with these.
+        let initial = if write {
+            match self.change_and_size(file) {
+                Some(a) => a,
+                None => return OpenDelegation4::None,
+            }
+        } else {
+            (0, 0)
         };
         let Some(g) = self
             .nfs4
@@ -178,8 +184,14 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
-        let Some(initial) = self.change_and_size(file) else {
-            return OpenDelegation4::None;
+        // A write delegation's CB_GETATTR compares with these.
+        let initial = if write {
+            match self.change_and_size(file) {
+                Some(a) => a,
+                None => return OpenDelegation4::None,
+            }
+        } else {
+            (0, 0)
         };
         let Some(g) = self
             .nfs4
