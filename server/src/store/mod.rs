@@ -1618,23 +1618,26 @@ impl Fs {
             let tail = (size % BLOCK_SIZE as u64) as usize;
             // The last kept block's tail is zeroed, so that a later
             // extension reads zeros there; where that memory is shared
-            // (with a reader, another file, or the block's other pages)
-            // the part kept is copied first, which may hold more memory
-            // than before: reserved before anything changes.
-            let copy = if tail > 0 {
-                match f.blocks.get(&(keep_blocks - 1)) {
-                    Some(FileBlock::Whole(b)) if tail < b.capacity() && b.is_shared() => {
-                        b.capacity() as u64
+            // the part kept is copied first. A whole block's copy counts
+            // as the block did; a page's copy counts one page more when
+            // the block's pages before it keep its buffer (counted once
+            // for them all) alive: reserved before anything changes.
+            let copy = match f.blocks.get(&(keep_blocks - 1)) {
+                Some(FileBlock::Pages(pages)) if !tail.is_multiple_of(PAGE) => {
+                    let at = tail.div_ceil(PAGE) - 1;
+                    match &pages[at] {
+                        Some(p) if p.is_shared() => {
+                            let kept = pages[..at].iter().flatten().any(|q| q.same_memory(p));
+                            if kept {
+                                PAGE as u64
+                            } else {
+                                0
+                            }
+                        }
+                        _ => 0,
                     }
-                    Some(FileBlock::Pages(pages)) if !tail.is_multiple_of(PAGE) => pages
-                        [tail.div_ceil(PAGE) - 1]
-                        .as_ref()
-                        .filter(|p| p.is_shared())
-                        .map_or(0, |_| PAGE as u64),
-                    _ => 0,
                 }
-            } else {
-                0
+                _ => 0,
             };
             self.reserve(copy)?;
             let before = f.used;
