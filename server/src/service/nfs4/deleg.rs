@@ -13,6 +13,10 @@
 //! READ, against a write delegation) recall it with CB_RECALL and answer
 //! NFS4ERR_DELAY or NFS3ERR_JUKEBOX until the delegation comes back; the
 //! caller's retry then proceeds.
+//!
+//! Another client's GETATTR of the size or change attribute of a file
+//! under a write delegation asks the holder with CB_GETATTR (RFC 8881
+//! §10.4.3) instead ([`Service::held_size4`]).
 
 use super::callback::Path;
 use super::state::{Conflict, FileKey, Granted, HeldView};
