@@ -146,14 +146,8 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
-        // A write delegation's CB_GETATTR compares with these.
-        let initial = if write {
-            match self.change_and_size(file) {
-                Some(a) => a,
-                None => return OpenDelegation4::None,
-            }
-        } else {
-            (0, 0)
+        let Some(initial) = self.initial_attrs(file, write) else {
+            return OpenDelegation4::None;
         };
         let Some(g) = self
             .nfs4
@@ -188,14 +182,8 @@ impl Service {
         let Ok(fh) = self.fh_bytes(Fh::File(file.0, file.1)) else {
             return OpenDelegation4::None;
         };
-        // A write delegation's CB_GETATTR compares with these.
-        let initial = if write {
-            match self.change_and_size(file) {
-                Some(a) => a,
-                None => return OpenDelegation4::None,
-            }
-        } else {
-            (0, 0)
+        let Some(initial) = self.initial_attrs(file, write) else {
+            return OpenDelegation4::None;
         };
         let Some(g) = self
             .nfs4
@@ -271,8 +259,13 @@ impl Service {
             .map_err(|_| NfsStat3::Jukebox)
     }
 
-    /// The file's change attribute and size.
-    fn change_and_size(&self, (idx, ino): FileKey) -> Option<(u64, u64)> {
+    /// The file's change attribute and size, for a write delegation
+    /// about to be granted (its CB_GETATTR compares with them); nothing
+    /// is read for a read delegation.
+    fn initial_attrs(&self, (idx, ino): FileKey, write: bool) -> Option<(u64, u64)> {
+        if !write {
+            return Some((0, 0));
+        }
         let fs = self.exports.get(idx)?.store.read();
         let (a, change) = fs.getattr_change(ino).ok()?;
         Some((change, a.size))
