@@ -1622,7 +1622,8 @@ impl Fs {
             // as the block did; a page's copy counts one page more when
             // the block's pages before it keep its buffer (counted once
             // for them all) alive: reserved before anything changes.
-            let copy = match f.blocks.get(&(keep_blocks - 1)) {
+            let last = keep_blocks.checked_sub(1).and_then(|k| f.blocks.get(&k));
+            let copy = match last {
                 Some(FileBlock::Pages(pages)) if !tail.is_multiple_of(PAGE) => {
                     let at = tail.div_ceil(PAGE) - 1;
                     match &pages[at] {

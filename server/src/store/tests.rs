@@ -1870,5 +1870,9 @@ fn a_truncate_that_must_copy_a_shared_page_reserves_it_first() {
             model[2 * PAGE + 100..].fill(0);
             assert_eq!(read(&fs, f, 0, 4 * PAGE as u32).0, model);
         }
+        // Cut to nothing: nothing held, nothing counted.
+        fs.truncate(f, 0).unwrap();
+        assert_eq!(fs.getattr(f).unwrap().used, 0);
+        assert_eq!(fs.used_bytes.load(Ordering::Relaxed), 0);
     }
 }
