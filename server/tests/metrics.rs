@@ -207,6 +207,7 @@ fn values_move_with_the_calls_made() {
     assert_eq!(get("nfsrdmad_tcp_connections_open"), 1.0);
     assert!(get("nfsrdmad_tcp_records_total") >= 6.0);
     assert_eq!(get("nfsrdmad_garbage_args_total"), 0.0);
+    assert_eq!(get("nfsrdmad_handler_panics_total"), 0.0);
     // Without an RDMA listener there are no RDMA series.
     assert!(!after.contains("nfsrdmad_rdma_"), "{after}");
 }

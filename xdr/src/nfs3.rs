@@ -1361,6 +1361,16 @@ macro_rules! nfs3_procs {
                 }
             }
 
+            /// Procedure `p` failed with `status` (not [`NfsStat3::Ok`]),
+            /// with nothing in its `resfail` arm (no attributes, no wcc
+            /// data). NULL has no status: its result is returned.
+            pub fn failed(p: NfsProc3, status: NfsStat3) -> Self {
+                match p {
+                    NfsProc3::Null => Nfs3Res::Null,
+                    $( NfsProc3::$var => Nfs3Res::$var(NfsResult::Err(status, Default::default())), )*
+                }
+            }
+
             /// Decodes the result of procedure `p`.
             pub fn decode(p: NfsProc3, d: &mut Decoder) -> Result<Self> {
                 Ok(match p {

@@ -264,6 +264,12 @@ impl Collector for Sources {
             "Calls answered with GARBAGE_ARGS",
             m.garbage_args(),
         )?;
+        counter(
+            &mut e,
+            "handler_panics",
+            "Calls whose handler panicked, answered with SERVERFAULT or SYSTEM_ERR",
+            m.handler_panics(),
+        )?;
         let cb = self.service.nfs4().callbacks.stats();
         counter(
             &mut e,

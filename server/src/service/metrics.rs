@@ -275,6 +275,7 @@ pub struct Metrics {
     drc_hits: AtomicU64,
     drc_in_progress: AtomicU64,
     garbage: AtomicU64,
+    panicked: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -304,6 +305,7 @@ impl Metrics {
             drc_hits: AtomicU64::new(0),
             drc_in_progress: AtomicU64::new(0),
             garbage: AtomicU64::new(0),
+            panicked: AtomicU64::new(0),
         }
     }
 
@@ -395,6 +397,10 @@ impl Metrics {
         self.garbage.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn panicked(&self) {
+        self.panicked.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Calls of procedure `p` executed.
     pub fn calls(&self, p: NfsProc3) -> u64 {
         self.procs[p as usize].calls.load(Ordering::Relaxed)
@@ -426,6 +432,11 @@ impl Metrics {
     /// Calls answered with GARBAGE_ARGS.
     pub fn garbage_args(&self) -> u64 {
         self.garbage.load(Ordering::Relaxed)
+    }
+
+    /// Handlers that panicked (each answered as a server fault).
+    pub fn handler_panics(&self) -> u64 {
+        self.panicked.load(Ordering::Relaxed)
     }
 
     /// A table of every procedure that was called: calls, errors, and
@@ -497,10 +508,11 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "duplicate request cache: {} replayed, {} dropped in progress; GARBAGE_ARGS: {}",
+            "duplicate request cache: {} replayed, {} dropped in progress; GARBAGE_ARGS: {}; handler panics: {}",
             self.drc_hits(),
             self.drc_in_progress_drops(),
-            self.garbage_args()
+            self.garbage_args(),
+            self.handler_panics()
         );
         out
     }

@@ -6,6 +6,7 @@
 //! chunks on RDMA).
 
 pub mod drc;
+pub(crate) mod fault;
 pub mod metrics;
 mod mount;
 mod nfs;
@@ -423,6 +424,19 @@ impl Service {
     /// run long (see [`LongCall`]); a transport whose thread serves other
     /// peers meanwhile runs that elsewhere ([`Service::finish_call`]).
     pub fn begin_call(&self, ctx: &CallContext, xid: u32, call: &CallBody, args: Decoder) -> Begun {
+        fault::catch(&self.metrics, ctx.peer, "RPC call", || {
+            self.begin_call_unguarded(ctx, xid, call, args)
+        })
+        .unwrap_or_else(|| Begun::Done(Some(Reply::error(xid, AcceptStat::SystemErr))))
+    }
+
+    fn begin_call_unguarded(
+        &self,
+        ctx: &CallContext,
+        xid: u32,
+        call: &CallBody,
+        args: Decoder,
+    ) -> Begun {
         if call.rpcvers != rpc::RPC_VERSION {
             return Begun::Done(Some(Reply {
                 header: RpcMessage::denied(xid, RejectedReply::RpcMismatch { low: 2, high: 2 }),
@@ -479,13 +493,17 @@ impl Service {
 
     /// Runs the rest of a call [`Service::begin_call`] left.
     pub fn finish_call(&self, c: LongCall) -> Reply {
-        let caller = Caller {
-            ctx: &c.ctx,
-            cred: c.cred,
-        };
-        match c.kind {
-            LongKind::Compound(a) => self.finish_compound(&caller, c.xid, a),
-        }
+        let (peer, xid) = (c.ctx.peer, c.xid);
+        fault::catch(&self.metrics, peer, "RPC call", || {
+            let caller = Caller {
+                ctx: &c.ctx,
+                cred: c.cred,
+            };
+            match c.kind {
+                LongKind::Compound(a) => self.finish_compound(&caller, c.xid, a),
+            }
+        })
+        .unwrap_or_else(|| Reply::error(xid, AcceptStat::SystemErr))
     }
 
     fn nfs_call(&self, caller: &Caller, xid: u32, proc_: u32, mut args: Decoder) -> Option<Reply> {
@@ -529,7 +547,10 @@ impl Service {
             _ => SizeClass::Any,
         };
         let start = Instant::now();
-        let res = self.nfs_dispatch(caller, decoded);
+        let res = fault::catch(&self.metrics, caller.ctx.peer, p.name(), || {
+            self.nfs_dispatch(caller, decoded)
+        })
+        .unwrap_or_else(|| nfs3::Nfs3Res::failed(p, nfs3::NfsStat3::Serverfault));
         self.metrics.record(p, res.status(), start.elapsed());
         let mut reply = Reply::success(xid, ReplyBody::Nfs(res));
         reply.class = Some(CallClass {

@@ -7,7 +7,7 @@ pub mod nfs4;
 
 use bytes::{Bytes, BytesMut};
 use nfsrdma_server::exports::Exports;
-use nfsrdma_server::service::{Service, ServiceConfig};
+use nfsrdma_server::service::{Export, Service, ServiceConfig};
 use nfsrdma_server::store::StoreConfig;
 use nfsrdma_server::tcp::{TcpConfig, TcpServer};
 use nfsrdma_xdr::nfs3::{self, Nfs3Args, Nfs3Res, NfsFh3};
@@ -36,6 +36,12 @@ impl TestServer {
     pub fn with_config(exports: &str, tcp: TcpConfig, config: ServiceConfig) -> TestServer {
         let rules = Exports::parse(exports).unwrap();
         let ex = Service::exports_from_rules(&rules, &StoreConfig::default());
+        Self::with_exports(ex, tcp, config)
+    }
+
+    /// A server of these exports (built by the test, e.g. with its own
+    /// block memory).
+    pub fn with_exports(ex: Vec<Export>, tcp: TcpConfig, config: ServiceConfig) -> TestServer {
         let service = Arc::new(Service::new(ex, config));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

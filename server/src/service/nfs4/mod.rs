@@ -266,6 +266,7 @@ impl Service {
         // The slot's session, slot, cachethis, and the session's largest
         // reply and largest cached reply.
         let mut slot: Option<(SessionId4, u32, bool, u32, u32)> = None;
+        let mut held: Option<SlotHeld> = None;
         let n = a.ops.len() + usize::from(matches!(cut, Some(OpsCut::Garbage { .. })));
         for (i, op) in a.ops.iter().enumerate() {
             let r = if i == 0 {
@@ -289,6 +290,11 @@ impl Service {
                             }) => {
                                 cx.client = Some(client);
                                 cx.session = Some(s.sessionid);
+                                held = Some(SlotHeld {
+                                    state: &v4.state,
+                                    sid: s.sessionid,
+                                    slot: s.slotid,
+                                });
                                 slot = Some((
                                     s.sessionid,
                                     s.slotid,
@@ -316,7 +322,7 @@ impl Service {
                         }
                     }
                     op if sessionless(op) && n > 1 => ResOp::error(op.num(), Status::NOT_ONLY_OP),
-                    op if sessionless(op) => self.nfs4_op(&mut cx, op),
+                    op if sessionless(op) => self.nfs4_op_caught(&mut cx, op),
                     ArgOp::Illegal(_) => ResOp::error(opnum::ILLEGAL, Status::OP_ILLEGAL),
                     op => ResOp::error(op.num(), Status::OP_NOT_IN_SESSION),
                 }
@@ -326,7 +332,7 @@ impl Service {
                     ArgOp::BindConnToSession(_) => {
                         ResOp::error(opnum::BIND_CONN_TO_SESSION, Status::NOT_ONLY_OP)
                     }
-                    op => self.nfs4_op(&mut cx, op),
+                    op => self.nfs4_op_caught(&mut cx, op),
                 }
             };
             let st = r.status();
@@ -360,6 +366,9 @@ impl Service {
             } else {
                 None
             };
+            if let Some(h) = held.take() {
+                std::mem::forget(h);
+            }
             v4.state.slot_done(&sid, slotid, cache);
         }
         res
@@ -435,4 +444,59 @@ fn replace_last(res: &mut Compound4Res, st: Status) {
         res.results.push(ResOp::error(last.num(), st));
     }
     res.status = st;
+}
+
+/// The slot a COMPOUND's SEQUENCE began. A COMPOUND that ends without
+/// recording its reply (a panic unwinding it, answered with SYSTEM_ERR by
+/// `service::fault`) leaves the slot saying its reply was not kept: the
+/// retry gets NFS4ERR_RETRY_UNCACHED_REP rather than NFS4ERR_DELAY for
+/// ever. The normal end forgets it and records the reply itself.
+struct SlotHeld<'a> {
+    state: &'a State4,
+    sid: SessionId4,
+    slot: u32,
+}
+
+impl Drop for SlotHeld<'_> {
+    fn drop(&mut self) {
+        self.state.slot_done(&self.sid, self.slot, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::callback::BackConn;
+    use super::state::{session_with_back, SlotCheck, State4};
+    use super::*;
+
+    /// A COMPOUND unwound by a panic after its SEQUENCE: the slot's retry
+    /// is told the reply was not kept, and the slot's next request runs.
+    #[test]
+    fn a_slot_left_by_an_unwinding_compound_answers_its_retry_as_not_cached() {
+        let s = State4::new(Duration::from_secs(5));
+        let conn = BackConn::new(crate::service::metrics::Transport::Tcp, |_| true);
+        let (_, sid) = session_with_back(&s, b"unwound", &conn);
+        let now = Instant::now();
+        assert!(matches!(
+            s.sequence(&sid, 0, 1, 2, 100, now),
+            Ok(SlotCheck::New { .. })
+        ));
+        let unwound = std::panic::catch_unwind(|| {
+            let _held = SlotHeld {
+                state: &s,
+                sid,
+                slot: 0,
+            };
+            panic!("a bug in an operation");
+        });
+        assert!(unwound.is_err());
+        assert_eq!(
+            s.sequence(&sid, 0, 1, 2, 100, now).err(),
+            Some(Status::RETRY_UNCACHED_REP)
+        );
+        assert!(matches!(
+            s.sequence(&sid, 0, 2, 2, 100, now),
+            Ok(SlotCheck::New { .. })
+        ));
+    }
 }

@@ -191,8 +191,18 @@ impl Service {
         Ok(attrs::encode(want, &self.source(fh)?, &self.limits(cx)))
     }
 
+    /// Runs one operation; one that panics fails with NFS4ERR_SERVERFAULT
+    /// (see `service::fault`).
+    pub(super) fn nfs4_op_caught(&self, cx: &mut Cx, op: &ArgOp) -> ResOp {
+        let peer = cx.caller.ctx.peer;
+        crate::service::fault::catch(&self.metrics, peer, opnum::name(op.num()), || {
+            self.nfs4_op(cx, op)
+        })
+        .unwrap_or_else(|| ResOp::error(op.num(), Status::SERVERFAULT))
+    }
+
     /// Runs one operation.
-    pub(super) fn nfs4_op(&self, cx: &mut Cx, op: &ArgOp) -> ResOp {
+    fn nfs4_op(&self, cx: &mut Cx, op: &ArgOp) -> ResOp {
         if cx.minor < 2 && op.num() >= opnum::ALLOCATE && op.num() <= opnum::LAST {
             return ResOp::error(op.num(), Status::OP_ILLEGAL);
         }
