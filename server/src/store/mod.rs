@@ -1642,7 +1642,7 @@ impl Fs {
             };
             self.reserve(copy)?;
             let before = f.used;
-            f.blocks.split_off(&keep_blocks);
+            let cut_off = f.blocks.split_off(&keep_blocks);
             let zeroed = if tail > 0 {
                 Self::zero_tail(
                     f,
@@ -1654,6 +1654,11 @@ impl Fs {
             } else {
                 Ok(())
             };
+            if zeroed.is_err() {
+                // The file stays as it was, its data past the new end
+                // with it.
+                f.blocks.extend(cut_off);
+            }
             f.used = f.blocks.values().map(|b| b.pinned() as u64).sum();
             self.used_bytes.fetch_add(
                 f.used.wrapping_sub(before).wrapping_sub(copy),
@@ -1671,7 +1676,8 @@ impl Fs {
     /// Zeroes block `k` of `f` from `tail` on (copying what is kept
     /// where the memory is shared), then gathers the block into a whole
     /// one if its pages keep more than two blocks' memory alive (kept
-    /// as it is when no memory is there for that).
+    /// as it is when no memory is there for that). NFS3ERR_NOSPC when no
+    /// memory is there for the copy: the block is left as it was.
     fn zero_tail(
         f: &mut FileData,
         k: u64,
@@ -1691,14 +1697,21 @@ impl Fs {
             }
             Some(FileBlock::Pages(pages)) => {
                 let cut = tail.div_ceil(PAGE);
-                for p in pages[cut..].iter_mut() {
-                    *p = None;
-                }
+                // Taken out first: a page they share memory with may need
+                // no copy without them.
+                let dropped: Vec<Option<Block>> =
+                    pages[cut..].iter_mut().map(Option::take).collect();
                 if !tail.is_multiple_of(PAGE) {
                     if let Some(p) = &mut pages[cut - 1] {
                         let keep = tail % PAGE;
                         if p.is_shared() {
-                            *p = p.copy_resized(source, PAGE, keep).ok_or(NfsStat3::Nospc)?;
+                            let Some(copy) = p.copy_resized(source, PAGE, keep) else {
+                                for (slot, d) in pages[cut..].iter_mut().zip(dropped) {
+                                    *slot = d;
+                                }
+                                return Err(NfsStat3::Nospc);
+                            };
+                            *p = copy;
                         }
                         p.get_mut().expect("unique")[keep..].fill(0);
                     }

@@ -1876,3 +1876,63 @@ fn a_truncate_that_must_copy_a_shared_page_reserves_it_first() {
         assert_eq!(fs.used_bytes.load(Ordering::Relaxed), 0);
     }
 }
+
+/// A block source that gives nothing while `failing` is set: an arena
+/// with no memory left, whatever the store's capacity says.
+#[derive(Clone, Default)]
+struct Failing(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl blocks::BlockSource for Failing {
+    fn alloc(&self, size: usize) -> Option<Box<dyn blocks::BlockMemory>> {
+        if self.0.load(Ordering::SeqCst) {
+            return None;
+        }
+        HeapSource.alloc(size)
+    }
+}
+
+/// A truncate inside a shared page whose copy finds no block memory
+/// (the arena exhausted, the store's capacity not reached) fails with
+/// NFS3ERR_NOSPC and leaves the file as it was: its size, the page, and
+/// the blocks past the new end, which a truncate drops first.
+#[test]
+fn a_truncate_that_finds_no_memory_for_its_copy_keeps_the_whole_file() {
+    use blocks::PAGE;
+    let src = Failing::default();
+    let s = Store::with_source(StoreConfig::default(), Box::new(src.clone()));
+    let mut fs = s.write();
+    let root = fs.root();
+    let f = mkfile(&mut fs, root, "f");
+    // Pages 1 to 3 of block 0 view one landing buffer; block 1 is data
+    // of its own.
+    let buf = landing_blocks(1, 3 * PAGE, 7);
+    fs.write(f, &Cred::root(), PAGE as u64, &landed(&buf, 3 * PAGE))
+        .unwrap();
+    drop(buf);
+    write(&mut fs, f, BLOCK_SIZE as u64, &[5u8; 1000]);
+    let mut model = vec![0u8; PAGE];
+    model.extend(vec![7u8; 3 * PAGE]);
+    model.resize(BLOCK_SIZE, 0);
+    model.extend(vec![5u8; 1000]);
+    let len = model.len() as u32;
+    let before = fs.getattr(f).unwrap();
+    let counted = fs.used_bytes.load(Ordering::Relaxed);
+    assert_eq!(read(&fs, f, 0, len).0, model);
+
+    src.0.store(true, Ordering::SeqCst);
+    assert_eq!(
+        fs.truncate(f, (2 * PAGE + 100) as u64),
+        Err(NfsStat3::Nospc)
+    );
+    let after = fs.getattr(f).unwrap();
+    assert_eq!((after.size, after.used), (before.size, before.used));
+    assert_eq!(fs.used_bytes.load(Ordering::Relaxed), counted);
+    assert_eq!(read(&fs, f, 0, len).0, model);
+
+    // With memory again the same truncate goes through.
+    src.0.store(false, Ordering::SeqCst);
+    fs.truncate(f, (2 * PAGE + 100) as u64).unwrap();
+    fs.truncate(f, u64::from(len)).unwrap();
+    model[2 * PAGE + 100..].fill(0);
+    assert_eq!(read(&fs, f, 0, len).0, model);
+}
