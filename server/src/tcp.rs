@@ -291,6 +291,17 @@ struct Flow {
 }
 
 impl Flow {
+    fn new() -> Flow {
+        Flow {
+            held: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            progress: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            wake: Notify::new(),
+            dead: Notify::new(),
+        }
+    }
+
     /// Charges `n` bytes if the budget allows (or nothing is held).
     fn try_charge(&self, n: usize, budget: usize) -> bool {
         self.held
@@ -303,6 +314,36 @@ impl Flow {
     fn release(&self, n: usize) {
         self.held.fetch_sub(n, Ordering::AcqRel);
         self.wake.notify_one();
+    }
+}
+
+/// A call's task, counted in [`Flow::running`] until it ends, however it
+/// ends. A task that unwinds (a bug while making the reply; the handler's
+/// own panics are answered by the service) leaves its call unanswered:
+/// the connection is closed, so that the client sends the call again on
+/// a new one rather than wait for ever.
+struct Running(Arc<Flow>);
+
+impl Running {
+    fn new(flow: Arc<Flow>) -> Running {
+        flow.running.fetch_add(1, Ordering::AcqRel);
+        Running(flow)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let flow = &self.0;
+        if std::thread::panicking() {
+            tracing::error!(
+                "a call's task panicked before its reply was queued: closing the connection"
+            );
+            flow.closed.store(true, Ordering::Release);
+            flow.wake.notify_one();
+            flow.dead.notify_one();
+        }
+        flow.running.fetch_sub(1, Ordering::AcqRel);
+        flow.progress.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -410,14 +451,7 @@ impl Connection {
         // Every queued reply holds one of the connection's slots: the
         // channel never holds more.
         let (tx, rx) = mpsc::channel::<Queued>(slots);
-        let flow = Arc::new(Flow {
-            held: AtomicUsize::new(0),
-            running: AtomicUsize::new(0),
-            progress: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
-            wake: Notify::new(),
-            dead: Notify::new(),
-        });
+        let flow = Arc::new(Flow::new());
         let mut writer = tokio::spawn(write_replies(
             wr,
             rx,
@@ -504,14 +538,12 @@ impl Connection {
                         let service = self.service.clone();
                         let tx = tx.clone();
                         let ctx = ctx.clone();
-                        let flow = flow.clone();
-                        flow.running.fetch_add(1, Ordering::AcqRel);
+                        let running = Running::new(flow.clone());
                         tokio::spawn(async move {
                             let mut charge = charge;
                             let reply = service.handle(&ctx, rec);
                             drop(worker);
-                            flow.running.fetch_sub(1, Ordering::AcqRel);
-                            flow.progress.fetch_add(1, Ordering::Relaxed);
+                            let _running = running;
                             if let Some(reply) = reply {
                                 let mut parts = reply.to_parts();
                                 let len: usize = parts.iter().map(Bytes::len).sum();
@@ -744,4 +776,35 @@ async fn write_all_parts(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call's task that unwinds is no longer counted as running (which
+    /// would keep an idle connection open and a stopping daemon waiting
+    /// for ever) and closes its connection (its call has no reply); one
+    /// that ends normally closes nothing.
+    #[tokio::test]
+    async fn a_call_task_that_panics_ends_its_count_and_closes_the_connection() {
+        let flow = Arc::new(Flow::new());
+        let done = Running::new(flow.clone());
+        let unwound = Running::new(flow.clone());
+        assert_eq!(flow.running.load(Ordering::Acquire), 2);
+        drop(done);
+        assert_eq!(flow.running.load(Ordering::Acquire), 1);
+        assert!(!flow.closed.load(Ordering::Acquire));
+        let task = tokio::spawn(async move {
+            let _running = unwound;
+            panic!("a bug while making a reply");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert_eq!(flow.running.load(Ordering::Acquire), 0);
+        assert!(flow.closed.load(Ordering::Acquire));
+        // The reader, waiting on `dead`, is woken.
+        tokio::time::timeout(Duration::from_secs(10), flow.dead.notified())
+            .await
+            .expect("the reader woken");
+    }
 }
