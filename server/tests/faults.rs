@@ -15,8 +15,8 @@ use nfsrdma_server::store::blocks::{BlockMemory, BlockSource, HeapSource};
 use nfsrdma_server::store::StoreConfig;
 use nfsrdma_server::tcp::TcpConfig;
 use nfsrdma_xdr::nfs3::{
-    Create3Args, CreateHow3, Data, DirOpArgs3, Nfs3Args, Nfs3Res, NfsFh3, NfsResult, NfsStat3,
-    Read3Args, Sattr3, StableHow, Write3Args, PROGRAM, VERSION,
+    Data, Nfs3Args, Nfs3Res, NfsFh3, NfsResult, NfsStat3, Read3Args, StableHow, Write3Args,
+    PROGRAM, VERSION,
 };
 use nfsrdma_xdr::nfs4::ops::*;
 use nfsrdma_xdr::nfs4::*;
@@ -78,16 +78,7 @@ fn an_nfs3_procedure_that_panics_fails_with_serverfault_and_the_server_goes_on()
     let srv = server(&trap);
     let mut c = RawClient::connect(srv.addr);
     let root = c.mount("/export");
-    let f = match c.nfs(Nfs3Args::Create(Create3Args {
-        where_: DirOpArgs3 {
-            dir: root,
-            name: "f".into(),
-        },
-        how: CreateHow3::Unchecked(Sattr3::default()),
-    })) {
-        Nfs3Res::Create(NfsResult::Ok(ok)) => ok.obj.unwrap(),
-        r => panic!("{r:?}"),
-    };
+    let f = c.create(&root, "f");
 
     trap.0.store(true, Ordering::SeqCst);
     let xid = c.xid();

@@ -127,24 +127,12 @@ fn max_io_is_offered_in_fsinfo() {
 /// data back after a restart, is refused beside it.
 #[test]
 fn null_flag_makes_a_null_export_and_refuses_a_state_file() {
-    use nfsrdma_xdr::nfs3::{
-        Create3Args, CreateHow3, Data, DirOpArgs3, Nfs3Args, Nfs3Res, NfsResult, Read3Args, Sattr3,
-        StableHow, Write3Args,
-    };
+    use nfsrdma_xdr::nfs3::{Data, Nfs3Args, Nfs3Res, NfsResult, Read3Args, StableHow, Write3Args};
     use std::io::Read;
     let (mut child, addr) = serving(&["--no-rdma", "--null"], Stdio::piped());
     let mut c = common::RawClient::connect(addr);
     let root = c.mount("/export");
-    let f = match c.nfs(Nfs3Args::Create(Create3Args {
-        where_: DirOpArgs3 {
-            dir: root,
-            name: "f".into(),
-        },
-        how: CreateHow3::Unchecked(Sattr3::default()),
-    })) {
-        Nfs3Res::Create(NfsResult::Ok(ok)) => ok.obj.expect("a handle"),
-        r => panic!("CREATE: {r:?}"),
-    };
+    let f = c.create(&root, "f");
     match c.nfs(Nfs3Args::Write(Write3Args {
         file: f.clone(),
         offset: 0,

@@ -5,8 +5,7 @@
 mod common;
 
 use nfsrdma_xdr::nfs3::{
-    Create3Args, CreateHow3, Data, DirOpArgs3, Getattr3Args, Nfs3Args, Nfs3Res, NfsFh3, NfsResult,
-    Read3Args, Sattr3, StableHow, Write3Args,
+    Data, Getattr3Args, Nfs3Args, Nfs3Res, NfsFh3, NfsResult, Read3Args, StableHow, Write3Args,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -127,16 +126,7 @@ fn values_move_with_the_calls_made() {
         getattr(&mut c, &NfsFh3(bad.into())),
         Nfs3Res::Getattr(NfsResult::Err(_, _))
     ));
-    let f = match c.nfs(Nfs3Args::Create(Create3Args {
-        where_: DirOpArgs3 {
-            dir: root,
-            name: "f".into(),
-        },
-        how: CreateHow3::Unchecked(Sattr3::default()),
-    })) {
-        Nfs3Res::Create(NfsResult::Ok(ok)) => ok.obj.expect("a handle"),
-        r => panic!("CREATE: {r:?}"),
-    };
+    let f = c.create(&root, "f");
     // A 5,000-byte WRITE (size class 16k) and two 4 KiB READs (4k).
     match c.nfs(Nfs3Args::Write(Write3Args {
         file: f.clone(),

@@ -26,16 +26,7 @@ fn sixty_four_calls_in_flight_on_one_connection() {
     let srv = TestServer::start(EXPORTS, TcpConfig::default());
     let mut c = RawClient::connect(srv.addr);
     let root = c.mount("/export");
-    let f = match c.nfs(Nfs3Args::Create(Create3Args {
-        where_: DirOpArgs3 {
-            dir: root.clone(),
-            name: "f".into(),
-        },
-        how: CreateHow3::Unchecked(Sattr3::default()),
-    })) {
-        Nfs3Res::Create(NfsResult::Ok(ok)) => ok.obj.unwrap(),
-        r => panic!("{r:?}"),
-    };
+    let f = c.create(&root, "f");
     // 64 WRITEs of distinct 4 KiB blocks sent back to back in one write.
     let mut wire = Vec::new();
     let mut xids = HashSet::new();

@@ -277,6 +277,20 @@ impl RawClient {
             mount::MountRes3::Err(e) => panic!("mount {path}: {e:?}"),
         }
     }
+
+    /// CREATE (unchecked, no attributes set) of `name` in `dir`: its handle.
+    pub fn create(&mut self, dir: &NfsFh3, name: &str) -> NfsFh3 {
+        match self.nfs(Nfs3Args::Create(nfs3::Create3Args {
+            where_: nfs3::DirOpArgs3 {
+                dir: dir.clone(),
+                name: nfs3::Filename3::new(name.as_bytes().to_vec()),
+            },
+            how: nfs3::CreateHow3::Unchecked(nfs3::Sattr3::default()),
+        })) {
+            Nfs3Res::Create(nfs3::NfsResult::Ok(ok)) => ok.obj.expect("a handle"),
+            r => panic!("CREATE {name}: {r:?}"),
+        }
+    }
 }
 
 /// Asserts that the server's metrics exposition has each of `lines`.
