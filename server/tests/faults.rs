@@ -126,15 +126,16 @@ fn an_nfs4_operation_that_panics_fails_with_serverfault_and_the_slot_goes_on() {
         })
     };
 
-    trap.0.store(true, Ordering::SeqCst);
-    let r = v.run_cached(
+    let failing = || {
         vec![
             ArgOp::Putfh(fh.clone()),
             write(b"lost to a bug"),
             ArgOp::Getfh,
-        ],
-        true,
-    );
+        ]
+    };
+
+    trap.0.store(true, Ordering::SeqCst);
+    let r = v.run_cached(failing(), true);
     assert_eq!(r.status, Status::SERVERFAULT, "{r:?}");
     assert_eq!(r.results.len(), 3, "SEQUENCE, PUTFH, the WRITE; no GETFH");
     assert!(matches!(
@@ -146,14 +147,7 @@ fn an_nfs4_operation_that_panics_fails_with_serverfault_and_the_slot_goes_on() {
     // The slot's reply was cached as it went out: its retry is answered
     // from there.
     v.seq[0] -= 1;
-    let again = v.run_cached(
-        vec![
-            ArgOp::Putfh(fh.clone()),
-            write(b"lost to a bug"),
-            ArgOp::Getfh,
-        ],
-        true,
-    );
+    let again = v.run_cached(failing(), true);
     assert_eq!(again, r);
     assert_eq!(srv.service.metrics().handler_panics(), 1);
 
