@@ -656,23 +656,62 @@ fn report_numbers(report: &str, prefix: &str) -> Vec<u64> {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn kernel_client_holds_a_write_delegation_over_tcp_until_nfsv3_writes_the_file() {
-    write_delegation_until_nfsv3_writes("vers=4.2,proto=tcp", false);
+    write_delegation_until_nfsv3_writes("vers=4.2,proto=tcp", false, &[]);
 }
 
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn kernel_client_holds_a_write_delegation_over_rdma_until_nfsv3_writes_the_file() {
-    write_delegation_until_nfsv3_writes("vers=4.2,proto=rdma,port=20049", true);
+    write_delegation_until_nfsv3_writes("vers=4.2,proto=rdma,port=20049", true, &[]);
+}
+
+/// The same over RDMA with the daemon's receives on a shared receive
+/// queue (`--rdma-srq`, one pool thread): the replies to the backward
+/// calls (the probe, the recall) come in the shared queue's buffers, and
+/// every buffer is posted again by the end, none refused for want of one.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn kernel_client_holds_a_write_delegation_over_a_shared_receive_queue() {
+    let report = write_delegation_until_nfsv3_writes(
+        "vers=4.2,proto=rdma,port=20049",
+        true,
+        &["--rdma-threads", "1", "--rdma-srq", "64"],
+    );
+    let rdma = report
+        .lines()
+        .find(|l| l.starts_with("rdma: "))
+        .expect("the rdma line");
+    let after = |name: &str| -> u64 {
+        let at = rdma
+            .find(name)
+            .unwrap_or_else(|| panic!("{name:?} missing: {rdma}"));
+        rdma[at + name.len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .find(|s| !s.is_empty())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(after("shared receive buffers "), 64, "{rdma}");
+    assert_eq!(
+        after("posted now "),
+        64,
+        "every buffer posted again: {rdma}"
+    );
+    assert!(after("taken at once at most ") >= 1, "{rdma}");
+    assert_eq!(after("connection errors "), 0, "{rdma}");
+    assert_eq!(after("(RNR) "), 0, "{rdma}");
 }
 
 /// The kernel client mounted with `opts` writes a file and holds a write
 /// delegation of it; NFSv3 over TCP writes the file, which recalls the
-/// delegation (over RPC-over-RDMA's backward direction when `rdma`).
-fn write_delegation_until_nfsv3_writes(opts: &str, rdma: bool) {
+/// delegation (over RPC-over-RDMA's backward direction when `rdma`). The
+/// daemon runs with `flags` more; its report is returned.
+fn write_delegation_until_nfsv3_writes(opts: &str, rdma: bool, flags: &[&str]) -> String {
     use std::io::Write;
     common::kernel::in_vm(&["nfsv3", "nfsv4"]);
     let a = addr();
-    let d = Daemon::start(&["--lease", "15"]);
+    let d = Daemon::start(&[&["--lease", "15"][..], flags].concat());
     let (_, xprt) = mount(&format!("{a}:/export"), "/mnt/d4", opts);
     assert_eq!(xprt, if rdma { "rdma" } else { "tcp" });
     mount(
@@ -725,6 +764,7 @@ fn write_delegation_until_nfsv3_writes(opts: &str, rdma: bool) {
     assert_eq!(cb[2], 0, "no call back failed: {cb:?}");
     // Over RDMA the probe and the recall were backward calls.
     check_transport_counters(&report, &cb, &n, rdma);
+    report
 }
 
 /// Removes the network namespace and link of the two-client test.

@@ -342,12 +342,13 @@ pub struct Config {
     pub inline_recv: u32,
     /// The peer accepts Send With Invalidate.
     pub remote_invalidation: bool,
-    /// Receives come from a shared receive queue the driver posts to
-    /// (calls only: `calls` must be 0). Nothing is posted at the start, a
-    /// receive may complete in any buffer of the pool (its work request id
-    /// names it), and each buffer is given back to be posted once its
-    /// message is done with. The grant stays `credits`: a call beyond it
-    /// ends the connection.
+    /// Receives come from a shared receive queue the driver posts to.
+    /// Nothing is posted at the start, a receive may complete in any
+    /// buffer of the pool (its work request id names it), and each buffer
+    /// is given back to be posted once its message is done with: a call's
+    /// when the call is, a reply's (to one of our `calls`) as soon as it
+    /// is parsed. The grant stays `credits`: a call beyond it ends the
+    /// connection.
     pub shared_receives: bool,
 }
 
@@ -393,9 +394,6 @@ impl Config {
     }
 
     fn checked(mut self) -> Config {
-        if self.shared_receives {
-            self.calls = 0;
-        }
         if self.calls == 0 {
             self.credits = self.credits.max(1);
         }

@@ -2,8 +2,12 @@
 //! ([`Config::shared_receives`]): which buffers it holds, which it gives
 //! back, and what it leaves the driver to return when it ends.
 
-use super::{recv, Config, ConnError, Connection, Event, Work};
+use super::{recv, Config, ConnError, Connection, Event, Role, Work};
+use crate::requester::{plan_call, Registrations, ReplyExpect, RequesterConfig};
 use bytes::Bytes;
+use nfsrdma_xdr::rpc::{AcceptStat, RpcMessage};
+use nfsrdma_xdr::rpcrdma::{ChunkLists, RdmaBody, RdmaHeader};
+use nfsrdma_xdr::{List, Xdr};
 
 /// An inline RDMA_MSG carrying an RPC NULL call with `xid`.
 fn null_call(xid: u32) -> Bytes {
@@ -26,6 +30,25 @@ fn shared(credits: u32) -> Connection<Bytes> {
         shared_receives: true,
         ..Config::default()
     })
+}
+
+/// An inline RDMA_MSG carrying an accepted RPC reply (no results) to
+/// `xid`: the client's answer to a backward NULL.
+fn null_reply(xid: u32) -> Bytes {
+    let mut m = RdmaHeader {
+        xid,
+        vers: 1,
+        credit: 1,
+        body: RdmaBody::Msg(ChunkLists {
+            read_list: List(vec![]),
+            write_list: List(vec![]),
+            reply_chunk: None,
+        }),
+    }
+    .to_bytes()
+    .to_vec();
+    m.extend_from_slice(&RpcMessage::accepted(xid, AcceptStat::Success).to_bytes());
+    Bytes::from(m)
 }
 
 fn calls(c: &mut Connection<Bytes>) -> Vec<super::CallId> {
@@ -127,4 +150,62 @@ fn a_connection_with_its_own_buffers_posts_them_all_at_start() {
     assert_eq!(c.held_buffers(), Vec::<u32>::new());
     c.close_now();
     assert_eq!(c.held_buffers(), Vec::<u32>::new());
+}
+
+#[test]
+fn a_reply_to_a_backward_call_in_a_shared_buffer_is_matched_and_its_buffer_given_back_at_once() {
+    // The responder side of RFC 8167: forward calls and one backward call
+    // slot, every receive from the shared queue.
+    let mut c: Connection<Bytes> = Connection::new(Config {
+        credits: 2,
+        calls: 1,
+        call_reserve: 0,
+        send_slots: 3,
+        role: Role::Responder,
+        shared_receives: true,
+        ..Config::default()
+    });
+    assert_eq!(c.config().calls, 1, "a backward call slot kept");
+    assert_eq!(
+        reposts(&mut c),
+        Vec::<u32>::new(),
+        "nothing posted at start"
+    );
+    // A forward call holds its shared buffer while it is served.
+    c.received(recv::wr_id(40), null_call(1), None);
+    let forward = calls(&mut c);
+    assert_eq!(forward.len(), 1);
+    // A backward NULL goes out.
+    let slot = c.reserve_call().expect("a backward call slot");
+    let plan = plan_call(
+        0x77,
+        &RequesterConfig::default(),
+        ReplyExpect::small(0),
+        &|s: &mut dyn nfsrdma_xdr::XdrSink| s.put_raw(&[0; 40]),
+    );
+    let message = vec![plan.header(1, &Registrations::default())];
+    c.start_call(slot, plan, message, Vec::new(), 0);
+    let send = std::iter::from_fn(|| c.poll_work())
+        .find_map(|w| match w {
+            Work::Send(chain) => Some(chain[0].wr),
+            _ => None,
+        })
+        .expect("the backward call's Send");
+    c.completed(send);
+    // Its reply arrives in another buffer of the pool: it answers the
+    // call, and the buffer goes back at once while the forward call
+    // still holds its own.
+    c.received(recv::wr_id(41), null_reply(0x77), None);
+    assert!(!c.is_closed(), "{:?}", c.poll_event());
+    assert_eq!(reposts(&mut c), vec![41], "the reply's buffer goes back");
+    assert_eq!(c.held_buffers(), vec![40]);
+    let replied = std::iter::from_fn(|| c.poll_event()).any(|e| e == Event::Reply { slot });
+    assert!(replied, "the backward call's reply handed over");
+    assert!(c.take_reply(slot).is_some());
+    c.finish_call(slot);
+    assert_eq!(c.reserve_call(), Some(slot), "the slot is free again");
+    c.no_reply(forward[0]);
+    assert_eq!(reposts(&mut c), vec![40]);
+    assert_eq!(c.held_receives(), 0);
+    assert_eq!(c.stats().unmatched_replies, 0);
 }

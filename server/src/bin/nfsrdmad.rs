@@ -79,7 +79,8 @@ struct Args {
     /// place of `--credits` buffers of each connection's own (0..=65536;
     /// 0: each connection its own). Credits are still granted per
     /// connection; a peer that sends beyond them can empty the queue for
-    /// the others (see docs/operations.md) [default: 0].
+    /// the others (see docs/operations.md). Replies to NFSv4.1 callbacks
+    /// come in these buffers too [default: 0].
     #[arg(long, value_name = "N")]
     rdma_srq: Option<u32>,
     /// Bytes of file data each export may hold (K, M, G suffixes) [default: 4G].

@@ -45,7 +45,7 @@ impl RdmaListener {
         let credits = cfg.credits.max(1);
         let per_connection = Pool::entries_per_connection(
             send_queue_depth(credits, attrs.max_qp_wr),
-            credits + cfg.backward(),
+            credits + cfg.backward_calls,
         );
         let shared = if cfg.srq_buffers == 0 {
             None
@@ -368,10 +368,10 @@ fn set_up(
     let attrs = device.ctx.query()?;
     let pd = device.pd.clone();
     let credits = cfg.credits.max(1);
-    // Backward calls (RFC 8167) need receives of the connection's own for
-    // their replies: none on a shared receive queue, and none without
-    // NFSv4 (the only protocol that calls the client back over RDMA).
-    let backward = if at.shared.is_none() && service.config().nfs4.enabled() {
+    // Backward calls (RFC 8167): none without NFSv4, the only protocol
+    // that calls the client back over RDMA. Their replies take receives
+    // as calls do: the connection's own, or the shared queue's.
+    let backward = if service.config().nfs4.enabled() {
         cfg.backward_calls
     } else {
         0

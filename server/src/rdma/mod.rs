@@ -83,9 +83,10 @@ pub struct RdmaConfig {
     /// device without shared receive queues falls back to that, logged.
     pub srq_buffers: u32,
     /// Backward calls (RFC 8167: NFSv4.1 callbacks) each connection can
-    /// have waiting for replies, a receive and a send buffer each
-    /// ([`listener::BACKWARD_CALLS`]; 0 without NFSv4). None on a shared
-    /// receive queue, whatever this says.
+    /// have waiting for replies, a send buffer each and a receive of its
+    /// own each (or, with `srq_buffers`, one of the shared queue's while
+    /// its reply is parsed) ([`listener::BACKWARD_CALLS`]; 0 without
+    /// NFSv4).
     pub backward_calls: u32,
 }
 
@@ -118,29 +119,18 @@ pub fn default_threads() -> usize {
 impl RdmaConfig {
     /// Bytes of registered memory one connection holds for its life: a
     /// receive buffer and a send buffer per credit and per backward call
-    /// (a send buffer per credit only, with shared receive queues: see
+    /// (only the send buffers, with shared receive queues: see
     /// [`RdmaConfig::shared_receive_memory`]). The memory its calls'
     /// chunks land in and its replies' data is staged in comes from the
     /// device's arena as calls need it, at most
     /// [`RdmaConfig::chunk_memory_per_connection`].
     pub fn memory_per_connection(&self) -> usize {
         let inline = CmPrivate::representable(self.inline_size) as usize;
-        let slots = self.credits as usize;
+        let slots = (self.credits + self.backward_calls) as usize;
         if self.srq_buffers > 0 {
             slots * inline
         } else {
-            2 * (slots + self.backward() as usize) * inline
-        }
-    }
-
-    /// Backward calls a connection makes room for: none on a shared
-    /// receive queue (their replies need receives of the connection's
-    /// own).
-    pub fn backward(&self) -> u32 {
-        if self.srq_buffers > 0 {
-            0
-        } else {
-            self.backward_calls
+            2 * slots * inline
         }
     }
 
@@ -252,14 +242,14 @@ mod tests {
         );
         assert_eq!(cfg.shared_receive_memory(), 0);
         // With shared receive queues a connection keeps its send buffers
-        // only; the receive buffers are per pool thread.
+        // only (for its replies and its backward calls); the receive
+        // buffers are per pool thread.
         let shared = RdmaConfig {
             srq_buffers: 1024,
             threads: 2,
             ..RdmaConfig::default()
         };
-        assert_eq!(shared.memory_per_connection(), 128 * 4096);
-        assert_eq!(shared.backward(), 0);
+        assert_eq!(shared.memory_per_connection(), (128 + 4) * 4096);
         assert_eq!(shared.shared_receive_memory(), 2 * 1024 * 4096);
     }
 }
