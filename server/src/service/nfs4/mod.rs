@@ -263,9 +263,6 @@ impl Service {
             client: None,
             session: None,
         };
-        // The slot's session, slot, cachethis, and the session's largest
-        // reply and largest cached reply.
-        let mut slot: Option<(SessionId4, u32, bool, u32, u32)> = None;
         let mut held: Option<SlotHeld> = None;
         let n = a.ops.len() + usize::from(matches!(cut, Some(OpsCut::Garbage { .. })));
         for (i, op) in a.ops.iter().enumerate() {
@@ -294,14 +291,11 @@ impl Service {
                                     state: &v4.state,
                                     sid: s.sessionid,
                                     slot: s.slotid,
-                                });
-                                slot = Some((
-                                    s.sessionid,
-                                    s.slotid,
-                                    s.cachethis,
+                                    cachethis: s.cachethis,
                                     max_response,
                                     max_cached,
-                                ));
+                                    recorded: false,
+                                });
                                 ResOp::Sequence(Ok(SequenceResOk {
                                     sessionid: s.sessionid,
                                     sequenceid: s.sequenceid,
@@ -353,23 +347,8 @@ impl Service {
             }
         }
         self.release_closed();
-        if let Some((sid, slotid, cachethis, max_response, max_cached)) = slot {
-            let len = res.encoded_len();
-            if len > max_response as usize {
-                replace_last(&mut res, Status::REP_TOO_BIG);
-            }
-            let cache = if cachethis {
-                if res.encoded_len() > max_cached as usize {
-                    replace_last(&mut res, Status::REP_TOO_BIG_TO_CACHE);
-                }
-                Some(res.clone())
-            } else {
-                None
-            };
-            if let Some(h) = held.take() {
-                std::mem::forget(h);
-            }
-            v4.state.slot_done(&sid, slotid, cache);
+        if let Some(h) = held {
+            h.record(&mut res);
         }
         res
     }
@@ -446,20 +425,50 @@ fn replace_last(res: &mut Compound4Res, st: Status) {
     res.status = st;
 }
 
-/// The slot a COMPOUND's SEQUENCE began. A COMPOUND that ends without
-/// recording its reply (a panic unwinding it, answered with SYSTEM_ERR by
-/// `service::fault`) leaves the slot saying its reply was not kept: the
-/// retry gets NFS4ERR_RETRY_UNCACHED_REP rather than NFS4ERR_DELAY for
-/// ever. The normal end forgets it and records the reply itself.
+/// The slot a COMPOUND's SEQUENCE began, with what its reply must fit:
+/// the session's largest reply and largest cached reply, and whether the
+/// client asked for it to be kept (`cachethis`). The COMPOUND's end
+/// records its reply ([`SlotHeld::record`]). A COMPOUND that ends without
+/// (a panic unwinding it, answered with SYSTEM_ERR by `service::fault`)
+/// leaves the slot saying its reply was not kept: the retry gets
+/// NFS4ERR_RETRY_UNCACHED_REP rather than NFS4ERR_DELAY for ever.
 struct SlotHeld<'a> {
     state: &'a State4,
     sid: SessionId4,
     slot: u32,
+    cachethis: bool,
+    max_response: u32,
+    max_cached: u32,
+    recorded: bool,
+}
+
+impl SlotHeld<'_> {
+    /// The COMPOUND's reply `res`, its last result replaced when it is
+    /// larger than the session allows (NFS4ERR_REP_TOO_BIG, or
+    /// NFS4ERR_REP_TOO_BIG_TO_CACHE for one to keep), recorded in the
+    /// slot, with a copy to replay when the client asked for one.
+    fn record(mut self, res: &mut Compound4Res) {
+        if res.encoded_len() > self.max_response as usize {
+            replace_last(res, Status::REP_TOO_BIG);
+        }
+        let cache = if self.cachethis {
+            if res.encoded_len() > self.max_cached as usize {
+                replace_last(res, Status::REP_TOO_BIG_TO_CACHE);
+            }
+            Some(res.clone())
+        } else {
+            None
+        };
+        self.recorded = true;
+        self.state.slot_done(&self.sid, self.slot, cache);
+    }
 }
 
 impl Drop for SlotHeld<'_> {
     fn drop(&mut self) {
-        self.state.slot_done(&self.sid, self.slot, None);
+        if !self.recorded {
+            self.state.slot_done(&self.sid, self.slot, None);
+        }
     }
 }
 
@@ -486,6 +495,10 @@ mod tests {
                 state: &s,
                 sid,
                 slot: 0,
+                cachethis: true,
+                max_response: 1 << 20,
+                max_cached: 1 << 20,
+                recorded: false,
             };
             panic!("a bug in an operation");
         });
