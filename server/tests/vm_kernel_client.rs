@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::kernel::{addr, reset_nfs_services, sh, Daemon};
+use common::kernel::{addr, counter, reset_nfs_services, sh, Daemon};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -148,18 +148,6 @@ fn workload(mnt: &Path, src: &Path, src_data: &[u8]) -> Vec<String> {
     let e = std::fs::remove_dir(mnt.join("full")).unwrap_err();
     manifest.push(format!("rmdir-nonempty {:?}", e.raw_os_error()));
     manifest
-}
-
-fn counter(report: &str, name: &str) -> u64 {
-    let at = report
-        .find(name)
-        .unwrap_or_else(|| panic!("{name} missing from {report}"));
-    report[at + name.len()..]
-        .split(|c: char| !c.is_ascii_digit())
-        .find(|s| !s.is_empty())
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 #[test]

@@ -681,17 +681,7 @@ fn kernel_client_holds_a_write_delegation_over_a_shared_receive_queue() {
         .lines()
         .find(|l| l.starts_with("rdma: "))
         .expect("the rdma line");
-    let after = |name: &str| -> u64 {
-        let at = rdma
-            .find(name)
-            .unwrap_or_else(|| panic!("{name:?} missing: {rdma}"));
-        rdma[at + name.len()..]
-            .split(|c: char| !c.is_ascii_digit())
-            .find(|s| !s.is_empty())
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let after = |name: &str| common::kernel::counter(rdma, name);
     assert_eq!(after("shared receive buffers "), 64, "{rdma}");
     assert_eq!(
         after("posted now "),

@@ -399,7 +399,7 @@ pub(super) fn progress<L: Piece>(c: &mut Connection<L>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{Config, Role, Work};
     use super::*;
     use crate::requester::{plan_call, Registrations, ReplyExpect, RequesterConfig};
@@ -417,7 +417,9 @@ mod tests {
         })
     }
 
-    fn null_reply(xid: u32) -> Bytes {
+    /// An inline RDMA_MSG carrying an accepted RPC reply (no results) to
+    /// `xid`.
+    pub(in crate::conn) fn null_reply(xid: u32) -> Bytes {
         let mut m = RdmaHeader {
             xid,
             vers: 1,

@@ -2,12 +2,10 @@
 //! ([`Config::shared_receives`]): which buffers it holds, which it gives
 //! back, and what it leaves the driver to return when it ends.
 
+use super::call::tests::null_reply;
 use super::{recv, Config, ConnError, Connection, Event, Role, Work};
 use crate::requester::{plan_call, Registrations, ReplyExpect, RequesterConfig};
 use bytes::Bytes;
-use nfsrdma_xdr::rpc::{AcceptStat, RpcMessage};
-use nfsrdma_xdr::rpcrdma::{ChunkLists, RdmaBody, RdmaHeader};
-use nfsrdma_xdr::{List, Xdr};
 
 /// An inline RDMA_MSG carrying an RPC NULL call with `xid`.
 fn null_call(xid: u32) -> Bytes {
@@ -30,25 +28,6 @@ fn shared(credits: u32) -> Connection<Bytes> {
         shared_receives: true,
         ..Config::default()
     })
-}
-
-/// An inline RDMA_MSG carrying an accepted RPC reply (no results) to
-/// `xid`: the client's answer to a backward NULL.
-fn null_reply(xid: u32) -> Bytes {
-    let mut m = RdmaHeader {
-        xid,
-        vers: 1,
-        credit: 1,
-        body: RdmaBody::Msg(ChunkLists {
-            read_list: List(vec![]),
-            write_list: List(vec![]),
-            reply_chunk: None,
-        }),
-    }
-    .to_bytes()
-    .to_vec();
-    m.extend_from_slice(&RpcMessage::accepted(xid, AcceptStat::Success).to_bytes());
-    Bytes::from(m)
 }
 
 fn calls(c: &mut Connection<Bytes>) -> Vec<super::CallId> {

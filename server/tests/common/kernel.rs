@@ -9,6 +9,19 @@ pub fn addr() -> String {
     std::env::var("NFSRDMA_RDMA_ADDR").unwrap_or_else(|_| "10.99.0.1".into())
 }
 
+/// The number after `name` in a daemon's report (its first occurrence).
+pub fn counter(report: &str, name: &str) -> u64 {
+    let at = report
+        .find(name)
+        .unwrap_or_else(|| panic!("{name} missing from {report}"));
+    report[at + name.len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 pub fn sh(cmd: &str) -> String {
     let o = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
     assert!(
