@@ -150,7 +150,7 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
     assert!(
         srv.service
             .report()
-            .contains("nfs4 backchannel: calls sent 2, answered 1, failed 1; over RDMA sent 0, answered 0, failed 0"),
+            .contains("nfs4 backchannel: calls sent 2, answered 1, failed 1; over RDMA sent 0, answered 0, failed 0\n"),
         "{}",
         srv.service.report()
     );
@@ -161,6 +161,7 @@ fn a_backchannel_that_does_not_answer_its_probe_is_reported_down_until_a_bound_o
             "nfsrdmad_nfs4_callbacks_answered_total 1",
             "nfsrdmad_nfs4_callbacks_failed_total 1",
             "nfsrdmad_nfs4_callbacks_over_rdma_sent_total 0",
+            "nfsrdmad_nfs4_callback_panics_total 0",
         ],
     );
 }

@@ -378,6 +378,12 @@ impl Collector for Sources {
             "Calls to NFSv4.1 clients that failed: no backchannel connection, no reply in time, an RPC error",
             load(&cb.failed),
         )?;
+        counter(
+            &mut e,
+            "nfs4_callback_panics",
+            "Panics while making a call to an NFSv4.1 client or handing its result back (a bug; the call failed)",
+            load(&cb.panicked),
+        )?;
 
         if let Some(t) = &self.tcp {
             counter(

@@ -41,7 +41,7 @@ pub(crate) fn catch<T>(
 }
 
 /// The text a panic was raised with.
-fn message(payload: &(dyn Any + Send)) -> &str {
+pub(crate) fn message(payload: &(dyn Any + Send)) -> &str {
     if let Some(s) = payload.downcast_ref::<&str>() {
         s
     } else if let Some(s) = payload.downcast_ref::<String>() {

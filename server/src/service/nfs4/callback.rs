@@ -18,8 +18,9 @@ use nfsrdma_xdr::nfs4::{seq_status, session_flags, SessionId4, Status, Utf8Str};
 use nfsrdma_xdr::rpc::{AcceptStat, AuthBody, OpaqueAuth, ReplyBody, RpcMessage};
 use nfsrdma_xdr::{BoundedVec, Decoder, Xdr};
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::state::State4;
@@ -90,7 +91,7 @@ impl BackConn {
     /// The connection ended: calls waiting on it fail at once.
     pub fn close(&self) {
         self.open.store(false, Ordering::Release);
-        self.waiting.lock().expect("backchannel waiters").clear();
+        locked(&self.waiting).clear();
     }
 
     /// A reply the connection's reader read: to the call that waits for it.
@@ -102,11 +103,7 @@ impl BackConn {
         else {
             return false;
         };
-        let waiter = self
-            .waiting
-            .lock()
-            .expect("backchannel waiters")
-            .remove(&xid);
+        let waiter = locked(&self.waiting).remove(&xid);
         match waiter {
             Some(w) => w.try_send(msg).is_ok(),
             None => false,
@@ -119,23 +116,23 @@ impl BackConn {
             return None;
         }
         let (tx, rx) = mpsc::sync_channel(1);
-        self.waiting
-            .lock()
-            .expect("backchannel waiters")
-            .insert(xid, tx);
-        if (self.send)(parts) {
-            Some(rx)
-        } else {
-            self.forget(xid);
-            None
+        locked(&self.waiting).insert(xid, tx);
+        // A writer that panics leaves no waiter behind it either.
+        match catch_unwind(AssertUnwindSafe(|| (self.send)(parts))) {
+            Ok(true) => Some(rx),
+            Ok(false) => {
+                self.forget(xid);
+                None
+            }
+            Err(panic) => {
+                self.forget(xid);
+                std::panic::resume_unwind(panic)
+            }
         }
     }
 
     fn forget(&self, xid: u32) {
-        self.waiting
-            .lock()
-            .expect("backchannel waiters")
-            .remove(&xid);
+        locked(&self.waiting).remove(&xid);
     }
 }
 
@@ -260,6 +257,10 @@ pub struct CbStats {
     pub rdma_answered: AtomicU64,
     /// Of those, failed.
     pub rdma_failed: AtomicU64,
+    /// Panics while making a call or handing its result back (a bug of
+    /// ours): each is logged, the call fails ([`CbError::Internal`]) and
+    /// the session's later calls go on.
+    pub panicked: AtomicU64,
 }
 
 /// What the callback thread is asked to do.
@@ -317,6 +318,9 @@ pub enum CbError {
     /// CB_SEQUENCE failed.
     #[error("CB_SEQUENCE: {0}")]
     Sequence(Status),
+    /// Making the call panicked (a bug of ours, logged as such).
+    #[error("the call was not made: the server's code for it failed")]
+    Internal,
 }
 
 /// The server's calls to its clients: threads that send them and wait
@@ -334,7 +338,7 @@ pub struct Callbacks {
 impl Drop for Callbacks {
     fn drop(&mut self) {
         let (lock, wake) = &*self.queue;
-        lock.lock().expect("callback queue").closed = true;
+        locked(lock).closed = true;
         wake.notify_all();
     }
 }
@@ -368,11 +372,17 @@ impl Callbacks {
     pub fn report(&self) -> String {
         let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let s = &self.stats;
-        if v(&s.sent) == 0 && v(&s.failed) == 0 {
+        if v(&s.sent) == 0 && v(&s.failed) == 0 && v(&s.panicked) == 0 {
             return String::new();
         }
+        // Panics only when there were any: the line stays as it was
+        // otherwise.
+        let panics = match v(&s.panicked) {
+            0 => String::new(),
+            n => format!("; panics {n}"),
+        };
         format!(
-            "nfs4 backchannel: calls sent {}, answered {}, failed {}; over RDMA sent {}, answered {}, failed {}\n",
+            "nfs4 backchannel: calls sent {}, answered {}, failed {}; over RDMA sent {}, answered {}, failed {}{panics}\n",
             v(&s.sent),
             v(&s.answered),
             v(&s.failed),
@@ -384,7 +394,7 @@ impl Callbacks {
 
     fn submit(&self, job: Job) {
         let (lock, wake) = &*self.queue;
-        let mut q = lock.lock().expect("callback queue");
+        let mut q = locked(lock);
         let sid = job.session();
         q.waiting.entry(sid).or_default().push_back(job);
         if !q.busy.contains(&sid) && !q.ready.contains(&sid) {
@@ -406,7 +416,7 @@ impl Callbacks {
     /// Probes the session's backchannel with CB_NULL (unless a probe of
     /// it is queued already).
     pub fn probe(&self, sid: SessionId4) {
-        if self.probing.lock().expect("probes queued").insert(sid) {
+        if locked(&self.probing).insert(sid) {
             self.submit(Job::Probe(sid));
         }
     }
@@ -425,6 +435,12 @@ impl Callbacks {
             done: Box::new(done),
         });
     }
+}
+
+/// The mutex's data, also after a panic elsewhere while it was held: what
+/// it guards is a few maps and counters, each changed in one step.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn rand_xid() -> u32 {
@@ -448,14 +464,14 @@ impl Worker {
     /// next call, and gives the session back.
     fn serve(&self, queue: &(Mutex<Queue>, std::sync::Condvar)) {
         let (lock, wake) = queue;
-        let mut q = lock.lock().expect("callback queue");
+        let mut q = locked(lock);
         loop {
             let Some(sid) = q.ready.pop_front() else {
                 if q.closed {
                     return;
                 }
                 q.idle += 1;
-                q = wake.wait(q).expect("callback queue");
+                q = wake.wait(q).unwrap_or_else(|p| p.into_inner());
                 q.idle -= 1;
                 continue;
             };
@@ -466,7 +482,7 @@ impl Worker {
             q.busy.insert(sid);
             drop(q);
             self.run(job);
-            q = lock.lock().expect("callback queue");
+            q = locked(lock);
             q.busy.remove(&sid);
             if q.waiting.get(&sid).is_some_and(|w| !w.is_empty()) {
                 q.ready.push_back(sid);
@@ -476,18 +492,47 @@ impl Worker {
         }
     }
 
+    /// Makes one call. A panic in making it or in its `done` is caught
+    /// here: the thread and the session's place in the queue must
+    /// outlive a bug in one call, or the session's later calls (its
+    /// recalls) would wait for ever. A CB_COMPOUND that panicked still
+    /// hands `done` a result, [`CbError::Internal`], so its caller sees
+    /// it failed.
     fn run(&self, job: Job) {
         match job {
             Job::Probe(sid) => {
-                self.probing.lock().expect("probes queued").remove(&sid);
-                let r = self.call(&sid, cb::PROC_NULL, None);
+                locked(&self.probing).remove(&sid);
+                let r = self
+                    .guarded("CB_NULL", || self.call(&sid, cb::PROC_NULL, None))
+                    .unwrap_or(Err(CbError::Internal));
                 let path = if r.is_ok() { Path::Up } else { Path::Down };
                 if let Err(e) = &r {
                     tracing::info!(error = %e, "NFSv4 backchannel probe failed");
                 }
                 self.state.set_back_path(&sid, path);
             }
-            Job::Compound { sid, ops, done } => done(self.compound(&sid, ops)),
+            Job::Compound { sid, ops, done } => {
+                let r = self
+                    .guarded("CB_COMPOUND", || self.compound(&sid, ops))
+                    .unwrap_or(Err(CbError::Internal));
+                self.guarded("a CB_COMPOUND's result", || done(r));
+            }
+        }
+    }
+
+    /// Runs `f`; a panic in it is logged and counted, and gives `None`.
+    fn guarded<T>(&self, what: &str, f: impl FnOnce() -> T) -> Option<T> {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(v) => Some(v),
+            Err(payload) => {
+                self.stats.panicked.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    call = what,
+                    panic = crate::service::fault::message(payload.as_ref()),
+                    "an NFSv4 callback panicked: the call failed, the backchannel goes on"
+                );
+                None
+            }
         }
     }
 
@@ -977,5 +1022,54 @@ mod tests {
         let cb = Callbacks::new(state.clone(), Duration::from_secs(60));
         assert_eq!(run(&cb, sid).unwrap_err(), CbError::NoPath);
         assert_eq!(state.back_path(&sid), Some(Path::Down));
+    }
+
+    /// A client that answers every CB_COMPOUND as it should.
+    fn answers_ok() -> Arc<Answer> {
+        Arc::new(|a: &CbCompoundArgs| {
+            let CbArgOp::Sequence(s) = &a.ops[0] else {
+                panic!("{a:?}")
+            };
+            Some(answered(a, s.sessionid, 0, s.sequenceid))
+        })
+    }
+
+    #[test]
+    fn a_result_handler_that_panics_is_counted_and_the_sessions_next_call_goes_out() {
+        let (state, sid, _conn) = session(answers_ok());
+        let cb = Callbacks::new(state, Duration::from_secs(5));
+        cb.compound(sid, vec![recall()], |_| {
+            panic!("a bug in a recall's result handler")
+        });
+        // Queued behind the one that panicked, on the same session: it
+        // runs only if that one gave the session back.
+        let r = run(&cb, sid).unwrap();
+        assert_eq!(r.results[1], CbResOp::Recall(Status::OK));
+        let s = cb.stats();
+        assert_eq!(s.panicked.load(Ordering::Relaxed), 1);
+        assert_eq!(s.answered.load(Ordering::Relaxed), 2);
+        assert!(cb.report().ends_with("; panics 1\n"), "{}", cb.report());
+    }
+
+    #[test]
+    fn a_call_that_panics_as_it_is_sent_fails_with_internal_and_the_session_goes_on() {
+        // The connection's writer panics on the first call (a bug below
+        // the callback thread), then works.
+        let first = Arc::new(AtomicBool::new(true));
+        let ok = answers_ok();
+        let f = first.clone();
+        let (state, sid, conn) = session(Arc::new(move |a: &CbCompoundArgs| {
+            if f.swap(false, Ordering::SeqCst) {
+                panic!("a bug in the connection's writer");
+            }
+            ok(a)
+        }));
+        let cb = Callbacks::new(state, Duration::from_secs(5));
+        assert_eq!(run(&cb, sid).unwrap_err(), CbError::Internal);
+        assert!(locked(&conn.waiting).is_empty(), "a waiter left behind");
+        let r = run(&cb, sid).unwrap();
+        assert_eq!(r.results[1], CbResOp::Recall(Status::OK));
+        assert_eq!(cb.stats().panicked.load(Ordering::Relaxed), 1);
+        assert!(!first.load(Ordering::SeqCst));
     }
 }
