@@ -516,6 +516,23 @@ fn faults_are_answered_as_rfc_8166_says() {
         error_of(r).1,
         Fault::Chunk("Read chunks larger than the largest call")
     );
+    // A segment that ends past the last address, in the Read list, a
+    // Write chunk or the Reply chunk (0xffff_ffff_ffff_fffc + 8).
+    let wraps = "segment ends past the address space";
+    let (hi, lo) = (0xffff_ffff, 0xffff_fffc);
+    let read = [6, 1, 1, 0, 1, 4, 7, 8, hi, lo, 0, 0, 0, 1, 2];
+    let write = [6, 1, 1, 0, 0, 1, 2, 7, 4, 0, 0, 7, 8, hi, lo, 0, 0];
+    let reply = [6, 1, 1, 1, 0, 0, 1, 1, 7, 8, hi, lo];
+    for v in [&read[..], &write[..], &reply[..]] {
+        let r = responder::receive(rx_bytes(v), &cfg);
+        assert_eq!(error_of(r).1, Fault::Chunk(wraps), "{v:?}");
+    }
+    // One byte less, its end address fits in 64 bits: a call.
+    let r = responder::receive(
+        rx_bytes(&[6, 1, 1, 0, 0, 1, 1, 7, 3, hi, lo, 0, 0, 9]),
+        &cfg,
+    );
+    assert!(matches!(r, Received::Call(_)), "{r:?}");
     // A Write chunk with no segments.
     let r = responder::receive(rx_bytes(&[6, 1, 1, 0, 0, 1, 0, 0, 0]), &cfg);
     assert_eq!(error_of(r).1, Fault::Chunk("Write chunk without segments"));

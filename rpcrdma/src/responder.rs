@@ -6,8 +6,9 @@
 //!   `rdma_vers` with ERR_VERS (1..1); RDMA_MSGP, an unknown procedure, an
 //!   undecodable header, RDMA_NOMSG without a Position-Zero Read chunk,
 //!   misaligned or out-of-order positions, a position past the end of the
-//!   inline message, an empty Write or Reply chunk, or more chunk data than
-//!   the largest call with ERR_CHUNK. Messages shorter than the fixed 16
+//!   inline message, an empty Write or Reply chunk, a segment whose offset
+//!   plus length does not fit in 64 bits, or more chunk data than the
+//!   largest call with ERR_CHUNK. Messages shorter than the fixed 16
 //!   bytes, or shorter than the 28 bytes of a version 1 header, RDMA_DONE
 //!   and RDMA_ERROR from a requester are dropped silently.
 //! - One Read chunk at a non-zero position is accepted per call (NFSv3 has
@@ -189,6 +190,18 @@ pub fn receive(buf: Bytes, cfg: &ResponderConfig) -> Received {
     let inline = d.into_rest();
     if nomsg && !inline.is_empty() {
         return chunk_error(h.xid, cfg, "RDMA_NOMSG with inline data");
+    }
+    // No memory of the peer's ends past the last address: a segment whose
+    // end does not fit in 64 bits is garbage. Refused here, every address
+    // computed inside a segment later (RDMA Reads and Writes split at SGE
+    // limits) is in range.
+    let segments = (chunks.read_list.0.iter().map(|s| &s.target))
+        .chain(chunks.write_list.0.iter().flat_map(|w| &w.segments.0))
+        .chain(chunks.reply_chunk.iter().flat_map(|r| &r.segments.0));
+    for seg in segments {
+        if seg.offset.checked_add(u64::from(seg.length)).is_none() {
+            return chunk_error(h.xid, cfg, "segment ends past the address space");
+        }
     }
 
     // Group the Read list into chunks: consecutive segments with one position.
