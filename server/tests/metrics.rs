@@ -1,6 +1,7 @@
 //! `nfsrdmad --metrics ADDR`: the Prometheus endpoint's values move with
 //! the calls made, and requests other than `GET /metrics` get the HTTP
-//! error that names the problem.
+//! error that names the problem. Also, through the endpoint: a daemon
+//! whose stdout is closed serves all the same.
 
 mod common;
 
@@ -305,4 +306,67 @@ fn nfsv4_compounds_are_counted_by_operation_and_main_operation() {
         value(&after, "nfsrdmad_nfs_calls_total{procedure=\"READ\"}"),
         None
     );
+}
+
+/// The lines nfsrdmad prints on stdout are for whoever started it; one
+/// that stopped reading (closed the pipe before the first line) does not
+/// stop the daemon: it serves, and exits cleanly on SIGTERM.
+#[test]
+fn a_daemon_whose_stdout_reader_is_gone_serves_and_stops_cleanly() {
+    let metrics = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap()
+    };
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
+        .args([
+            "--export",
+            "/export",
+            "--tcp",
+            "127.0.0.1:0",
+            "--no-rpcbind",
+            "--no-rdma",
+            "--metrics",
+            &metrics.to_string(),
+        ])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start nfsrdmad");
+    // The endpoint comes up after every stdout line but the last.
+    let mut body = None;
+    for _ in 0..200 {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("nfsrdmad exited ({status}) with its stdout closed:\n{err}");
+        }
+        if TcpStream::connect(metrics).is_ok() {
+            body = Some(scrape(metrics));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let body = body.expect("the metrics endpoint did not come up within 20 s");
+    assert_eq!(value(&body, "nfsrdmad_tcp_connections_open"), Some(0.0));
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{err}");
 }

@@ -320,19 +320,24 @@ fn registers_with_rpcbind_and_the_kernel_client_finds_mount_through_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    // Registration happens right after the listener is up.
-    let mut nfs = Vec::new();
-    for _ in 0..50 {
-        nfs = listed("100003");
-        if !nfs.is_empty() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    // The registrations follow the listening line; a line says when they
+    // are all done.
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        lines.push(line.trim_end().to_string());
     }
+    assert!(
+        lines[0].starts_with("nfsrdmad: listening on tcp "),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[1], "nfsrdmad: registered with rpcbind: NFS MOUNT NLM NSM",
+        "{lines:?}"
+    );
+    let nfs = listed("100003");
     assert!(has(&nfs), "{nfs:?}");
     let mnt = listed("100005");
     assert!(has(&mnt), "{mnt:?}");

@@ -639,7 +639,7 @@ async fn run(
         "TCP limits (bytes): per connection its receive buffer, calls in flight and state; in all, every connection and the calls executing"
     );
     // Tests and scripts read this line to learn the port.
-    println!("nfsrdmad: listening on tcp {local}");
+    announce(&format!("listening on tcp {local}"));
 
     let mut rdma_listener = None;
     if let Some((cfg, device)) = rdma {
@@ -674,7 +674,7 @@ async fn run(
             threads,
             "serving NFS over RPC-over-RDMA"
         );
-        println!("nfsrdmad: listening on rdma {}:{}", addr.ip(), l.port());
+        announce(&format!("listening on rdma {}:{}", addr.ip(), l.port()));
         rdma_listener = Some(l);
     }
     let rdma_stats = rdma_listener.as_ref().map(|l| l.stats());
@@ -758,6 +758,15 @@ async fn run(
             ),
         }
     }
+    if registered {
+        // After every registration: a script that finds the services
+        // through rpcbind waits for this line, not for the listening ones.
+        let mut names = vec!["NFS", "MOUNT"];
+        if lock_registered {
+            names.extend(["NLM", "NSM"]);
+        }
+        announce(&format!("registered with rpcbind: {}", names.join(" ")));
+    }
 
     let server = TcpServer::new(service.clone(), tcp);
     let tcp_stats = server.stats();
@@ -773,7 +782,7 @@ async fn run(
             rdma: rdma_stats.clone(),
         };
         tracing::info!(addr = %local, "serving metrics over HTTP at /metrics");
-        println!("nfsrdmad: metrics on http {local}");
+        announce(&format!("metrics on http {local}"));
         let rx = rx.clone();
         exporting = Some(tokio::spawn(nfsrdma_server::exporter::http::serve(
             listener, sources, rx,
@@ -824,6 +833,13 @@ async fn run(
         eprint!("{}", s.report());
     }
     Ok(())
+}
+
+/// A line on stdout for scripts to wait for. Whoever started the daemon
+/// may have stopped reading (closed the pipe): the daemon goes on.
+fn announce(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "nfsrdmad: {what}");
 }
 
 /// The machine's memory in bytes (`MemTotal` of `/proc/meminfo`).

@@ -65,6 +65,7 @@ pub fn reset_nfs_services() {
 /// (a daemon left running would hold the guest's ports for the next test).
 pub struct Daemon {
     child: Child,
+    out: BufReader<std::process::ChildStdout>,
 }
 
 impl Daemon {
@@ -76,8 +77,16 @@ impl Daemon {
 
     /// nfsrdmad on the usual ports registered with the guest's rpcbind
     /// (NFS, MOUNT, NLM, NSM), with `extra` flags and `RUST_LOG=log`.
+    /// Returns once the daemon says all four are registered.
     pub fn start_registered(extra: &[&str], log: &str) -> Daemon {
-        Self::spawn(extra, log)
+        let mut d = Self::spawn(extra, log);
+        let mut line = String::new();
+        d.out.read_line(&mut line).unwrap();
+        assert_eq!(
+            line.trim_end(),
+            "nfsrdmad: registered with rpcbind: NFS MOUNT NLM NSM"
+        );
+        d
     }
 
     fn spawn(extra: &[&str], log: &str) -> Daemon {
@@ -103,7 +112,7 @@ impl Daemon {
             out.read_line(&mut line).unwrap();
             assert!(line.starts_with("nfsrdmad: listening"), "{line}");
         }
-        Daemon { child }
+        Daemon { child, out }
     }
 
     /// SIGTERM; returns the exit status and stderr (with the counters).
