@@ -1398,6 +1398,12 @@ fn case_calls_beyond_the_credits(srv: &Server, good: &mut Peer) -> Counts {
     let open_before = srv.open();
     let footprint = Footprint::before();
     let mut p = Peer::connect(srv);
+    // Receive buffers of the connection's own: a Send beyond the credits
+    // is retried as often as the accept says (RNR_RETRY), 655 ms apart.
+    assert_eq!(
+        p.qp.rnr_attrs().expect("query the QP").0,
+        nfsrdma_server::rdma::listener::RNR_RETRY
+    );
     let start = Instant::now();
     let mut xids = HashSet::new();
     let mut answered = 0usize;
@@ -2228,6 +2234,9 @@ fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of
     assert_eq!(posted(), u64::from(n), "every buffer posted at start");
     let mut a = Peer::connect(&srv);
     let mut b = Peer::connect(&srv);
+    // On a shared queue a requester within its credits may find it empty:
+    // its Sends are retried for ever (7), not 3 times.
+    assert_eq!(a.qp.rnr_attrs().expect("query the QP").0, 7);
     for _ in 0..3 {
         nulls_at_full_credit(&mut [&mut a, &mut b]);
     }

@@ -314,6 +314,64 @@ fn an_ack_timeout_set_before_connecting_is_the_queue_pairs() {
     }
 }
 
+/// `accept_bounding_rnr`: this side's Sends keep the smaller of the
+/// peer's count and the bound; the peer's Sends take the count of the
+/// accept; the RNR timer asked of the peer is set when given, the
+/// connection manager's 655.36 ms (code 0) when not.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn accepting_bounds_our_rnr_retries_and_sets_the_peers_and_the_rnr_timer() {
+    let ip = rdma_ip();
+    for (asked, bound, peer, timer) in [(7u8, 3u8, 7u8, Some(14u8)), (1, 3, 3, None)] {
+        let lch = EventChannel::new().unwrap();
+        let listener = CmId::new(&lch).unwrap();
+        listener.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+        listener.listen(1).unwrap();
+        let cch = EventChannel::new().unwrap();
+        let cid = CmId::new(&cch).unwrap();
+        cid.resolve(SocketAddr::new(ip, listener.local_port()), T)
+            .unwrap();
+        let ctx = cid.context().unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 16, None).unwrap();
+        let cqp = cid.create_qp(&pd, &cq, &cq, caps()).unwrap();
+        cid.connect(&ConnParam {
+            rnr_retry_count: asked,
+            ..ConnParam::default()
+        })
+        .unwrap();
+        let req = lch
+            .expect(CmEventKind::ConnectRequest, Some(T))
+            .unwrap()
+            .into_request()
+            .unwrap();
+        let sctx = req.id.context().unwrap();
+        let spd = ProtectionDomain::new(&sctx).unwrap();
+        let scq = CompletionQueue::new(&sctx, 16, None).unwrap();
+        let sqp = req.id.create_qp(&spd, &scq, &scq, caps()).unwrap();
+        let param = ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: peer,
+            ..ConnParam::default()
+        };
+        for bad in [Some(0), Some(32)] {
+            let err = req.id.accept_bounding_rnr(&param, bound, bad).unwrap_err();
+            assert!(err.to_string().contains("outside 1..=31"), "{bad:?}: {err}");
+        }
+        let ours = req.id.accept_bounding_rnr(&param, bound, timer).unwrap();
+        cch.expect(CmEventKind::Established, Some(T)).unwrap();
+        lch.expect(CmEventKind::Established, Some(T)).unwrap();
+        let (s_retry, s_timer) = sqp.rnr_attrs().unwrap();
+        let (c_retry, _) = cqp.rnr_attrs().unwrap();
+        println!("asked {asked}, bound {bound}, peer {peer}, timer {timer:?}: ours {s_retry} (timer {s_timer}), the peer's {c_retry}");
+        assert_eq!(ours, asked.min(bound));
+        assert_eq!(s_retry, asked.min(bound));
+        assert_eq!(c_retry, peer, "the peer's Sends take the accept's count");
+        assert_eq!(s_timer, timer.unwrap_or(0));
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn cm_reject_carries_private_data() {

@@ -321,7 +321,24 @@ const MAX_SEND_SGE: u32 = 16;
 ///
 /// The Linux client asks for 0 retries of our Sends, which is kept (the
 /// smaller count wins).
+///
+/// A connection on a shared receive queue (`--rdma-srq`) is the exception
+/// for the requester's Sends: there a requester within its credits can
+/// find the queue empty (the queue is sized for the traffic, not for
+/// every credit granted), which is no fault of its own. Its Sends are
+/// retried for ever ([`SRQ_PEER_RNR_RETRY`]) and spaced by
+/// [`SRQ_RNR_TIMER`], so such a Send waits for a buffer to be posted
+/// again, not 655 ms per try nor for its connection to fail.
 pub const RNR_RETRY: u8 = 3;
+
+/// The requester's RNR retries on a shared receive queue: 7, for ever.
+pub const SRQ_PEER_RNR_RETRY: u8 = 7;
+
+/// The wait asked of a requester whose Send found the shared receive
+/// queue empty: IB RNR timer code 14, 1.28 ms (the connection manager's
+/// default, code 0, is 655.36 ms). A buffer comes back as soon as a call
+/// that held one is done with.
+pub const SRQ_RNR_TIMER: u8 = 14;
 
 /// Chooses both sides' parameters, sets the connection up on its place
 /// in the pool (its receives posted before the first credit is granted)
@@ -437,9 +454,14 @@ fn set_up(
             .responder_resources
             .min(attrs.max_qp_rd_atom.min(255) as u8),
         initiator_depth: read_depth,
-        rnr_retry_count: RNR_RETRY,
+        rnr_retry_count: if at.shared.is_some() {
+            SRQ_PEER_RNR_RETRY
+        } else {
+            RNR_RETRY
+        },
         ..ConnParam::default()
     };
+    let rnr_timer = at.shared.is_some().then_some(SRQ_RNR_TIMER);
     let id = Arc::new(req.id);
     let mut call_ctx = CallContext::from(peer);
     if backward > 0 {
@@ -472,7 +494,10 @@ fn set_up(
         qp_num,
         done,
     };
-    let rnr_retry = match handle.id.accept_bounding_rnr(&accept_param, RNR_RETRY) {
+    let rnr_retry = match handle
+        .id
+        .accept_bounding_rnr(&accept_param, RNR_RETRY, rnr_timer)
+    {
         Ok(r) => r,
         Err(e) => {
             let gone = pool.remove(at, qp_num);
@@ -485,6 +510,7 @@ fn set_up(
         peer = %peer,
         credits,
         rnr_retry,
+        peer_rnr_retry = accept_param.rnr_retry_count,
         backward_calls = backward,
         inline_send = agreed.inline_send,
         remote_invalidation = agreed.peer_accepts_remote_invalidation,

@@ -829,13 +829,28 @@ impl CmId {
     /// through INIT, RTR and RTS here, with the attributes the connection
     /// manager gives for each state, as `rdma_accept` would do it.
     ///
+    /// `rnr_timer` (an IB RNR timer code, 1..=31; `None` keeps the
+    /// connection manager's 0, 655.36 ms) is how long this side asks a
+    /// peer whose Send found no receive to wait before it tries again;
+    /// the peer's count of such retries is `param.rnr_retry_count`.
+    ///
     /// `param.responder_resources` and `param.initiator_depth` must be
     /// explicit (not 255). Returns the RNR retry count the queue pair
     /// runs with.
-    pub fn accept_bounding_rnr(&self, param: &ConnParam, send_rnr_retry: u8) -> Result<u8> {
+    pub fn accept_bounding_rnr(
+        &self,
+        param: &ConnParam,
+        send_rnr_retry: u8,
+        rnr_timer: Option<u8>,
+    ) -> Result<u8> {
         if send_rnr_retry > 6 {
             return Err(VerbsError::InvalidArgument(format!(
                 "RNR retry count {send_rnr_retry} is not finite (0..=6)"
+            )));
+        }
+        if let Some(t) = rnr_timer.filter(|t| !(1..=31).contains(t)) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "RNR timer code {t} is outside 1..=31"
             )));
         }
         if param.responder_resources == u8::MAX || param.initiator_depth == u8::MAX {
@@ -893,6 +908,10 @@ impl CmId {
                         mask &= !ROCE_ONLY_ATTR_BITS;
                     }
                     attr.max_dest_rd_atomic = param.responder_resources;
+                    if let Some(t) = rnr_timer {
+                        attr.min_rnr_timer = t;
+                        mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as libc::c_int;
+                    }
                 }
                 rdma_sys::ibv_qp_state::IBV_QPS_RTS => {
                     attr.max_rd_atomic = param.initiator_depth;

@@ -258,6 +258,27 @@ impl QueuePair {
         Ok(attr.timeout)
     }
 
+    /// How the QP meets receiver-not-ready: (its `rnr_retry`, how often
+    /// its own Sends are retried after an RNR NAK, 7 for ever; its
+    /// `min_rnr_timer`, the IB code of the wait it asks of a peer whose
+    /// Send found no receive, 0 for 655.36 ms).
+    pub fn rnr_attrs(&self) -> Result<(u8, u8)> {
+        // SAFETY: both attribute structs are plain old data; zero is valid.
+        let mut attr: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: rdma_sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = rdma_sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY.0
+            | rdma_sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0;
+        // SAFETY: the QP is live until Drop; both out-pointers are valid
+        // for the call.
+        let rc =
+            unsafe { rdma_sys::ibv_query_qp(self.qp.as_ptr(), &mut attr, mask as i32, &mut init) };
+        if rc != 0 {
+            return Err(VerbsError::errno("ibv_query_qp", rc));
+        }
+        Ok((attr.rnr_retry, attr.min_rnr_timer))
+    }
+
     /// The capabilities the device granted (may exceed what was asked).
     pub fn caps(&self) -> QpCaps {
         self.caps
