@@ -25,18 +25,14 @@ impl Drop for Daemon {
     }
 }
 
+/// nfsrdmad over TCP on a port of its choice, with its metrics endpoint
+/// at `metrics`.
+fn nfsrdmad(metrics: &str) -> Command {
+    common::nfsrdmad(&["--no-rdma", "--metrics", metrics])
+}
+
 fn start() -> Daemon {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
-        .args([
-            "--export",
-            "/export",
-            "--tcp",
-            "127.0.0.1:0",
-            "--no-rpcbind",
-            "--no-rdma",
-            "--metrics",
-            "127.0.0.1:0",
-        ])
+    let mut child = nfsrdmad("127.0.0.1:0")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -319,17 +315,7 @@ fn a_daemon_whose_stdout_reader_is_gone_serves_and_stops_cleanly() {
     };
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nfsrdmad"))
-        .args([
-            "--export",
-            "/export",
-            "--tcp",
-            "127.0.0.1:0",
-            "--no-rpcbind",
-            "--no-rdma",
-            "--metrics",
-            &metrics.to_string(),
-        ])
+    let mut child = nfsrdmad(&metrics.to_string())
         .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
@@ -338,13 +324,7 @@ fn a_daemon_whose_stdout_reader_is_gone_serves_and_stops_cleanly() {
     let mut body = None;
     for _ in 0..200 {
         if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let err = stderr(&mut child);
             panic!("nfsrdmad exited ({status}) with its stdout closed:\n{err}");
         }
         if TcpStream::connect(metrics).is_ok() {
@@ -361,12 +341,18 @@ fn a_daemon_whose_stdout_reader_is_gone_serves_and_stops_cleanly() {
         .expect("kill");
     assert!(term.success());
     let status = child.wait().unwrap();
+    let err = stderr(&mut child);
+    assert!(status.success(), "{err}");
+}
+
+/// What a daemon that has exited wrote on stderr.
+fn stderr(child: &mut Child) -> String {
     let mut err = String::new();
     child
         .stderr
         .take()
-        .unwrap()
+        .expect("stderr piped")
         .read_to_string(&mut err)
-        .unwrap();
-    assert!(status.success(), "{err}");
+        .expect("read stderr");
+    err
 }

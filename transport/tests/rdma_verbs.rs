@@ -314,6 +314,41 @@ fn an_ack_timeout_set_before_connecting_is_the_queue_pairs() {
     }
 }
 
+/// A listener on the device's address and an id that has resolved it,
+/// with a protection domain and a CQ on its device: what comes before
+/// `create_qp` and `connect`.
+struct Dialing {
+    lch: Arc<EventChannel>,
+    _listener: CmId,
+    cch: Arc<EventChannel>,
+    cid: CmId,
+    pd: Arc<ProtectionDomain>,
+    cq: Arc<CompletionQueue>,
+}
+
+fn dialing() -> Dialing {
+    let ip = rdma_ip();
+    let lch = EventChannel::new().unwrap();
+    let listener = CmId::new(&lch).unwrap();
+    listener.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+    listener.listen(1).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let cid = CmId::new(&cch).unwrap();
+    cid.resolve(SocketAddr::new(ip, listener.local_port()), T)
+        .unwrap();
+    let ctx = cid.context().unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16, None).unwrap();
+    Dialing {
+        lch,
+        _listener: listener,
+        cch,
+        cid,
+        pd,
+        cq,
+    }
+}
+
 /// `accept_bounding_rnr`: this side's Sends keep the smaller of the
 /// peer's count and the bound; the peer's Sends take the count of the
 /// accept; the RNR timer asked of the peer is set when given, the
@@ -321,20 +356,10 @@ fn an_ack_timeout_set_before_connecting_is_the_queue_pairs() {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn accepting_bounds_our_rnr_retries_and_sets_the_peers_and_the_rnr_timer() {
-    let ip = rdma_ip();
     for (asked, bound, peer, timer) in [(7u8, 3u8, 7u8, Some(14u8)), (1, 3, 3, None)] {
-        let lch = EventChannel::new().unwrap();
-        let listener = CmId::new(&lch).unwrap();
-        listener.bind_addr(SocketAddr::new(ip, 0)).unwrap();
-        listener.listen(1).unwrap();
-        let cch = EventChannel::new().unwrap();
-        let cid = CmId::new(&cch).unwrap();
-        cid.resolve(SocketAddr::new(ip, listener.local_port()), T)
-            .unwrap();
-        let ctx = cid.context().unwrap();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16, None).unwrap();
-        let cqp = cid.create_qp(&pd, &cq, &cq, caps()).unwrap();
+        let d = dialing();
+        let (lch, cch, cid) = (&d.lch, &d.cch, &d.cid);
+        let cqp = cid.create_qp(&d.pd, &d.cq, &d.cq, caps()).unwrap();
         cid.connect(&ConnParam {
             rnr_retry_count: asked,
             ..ConnParam::default()
@@ -375,23 +400,10 @@ fn accepting_bounds_our_rnr_retries_and_sets_the_peers_and_the_rnr_timer() {
 #[test]
 #[ignore = "needs an RDMA device: run with scripts/test-vm"]
 fn cm_reject_carries_private_data() {
-    let ip = rdma_ip();
-    let lch = EventChannel::new().unwrap();
-    let listener = CmId::new(&lch).unwrap();
-    listener.bind_addr(SocketAddr::new(ip, 0)).unwrap();
-    listener.listen(1).unwrap();
-    let cch = EventChannel::new().unwrap();
-    let cid = CmId::new(&cch).unwrap();
-    cid.resolve(SocketAddr::new(ip, listener.local_port()), T)
-        .unwrap();
-    let ctx = cid.context().unwrap();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16, None).unwrap();
-    let _qp = cid.create_qp(&pd, &cq, &cq, caps()).unwrap();
-    assert!(
-        cid.create_qp(&pd, &cq, &cq, caps()).is_err(),
-        "one QP per id"
-    );
+    let d = dialing();
+    let (lch, cch, cid, pd, cq) = (&d.lch, &d.cch, &d.cid, &d.pd, &d.cq);
+    let _qp = cid.create_qp(pd, cq, cq, caps()).unwrap();
+    assert!(cid.create_qp(pd, cq, cq, caps()).is_err(), "one QP per id");
     cid.connect(&ConnParam::default()).unwrap();
     let req = lch
         .expect(CmEventKind::ConnectRequest, Some(T))
