@@ -1401,7 +1401,7 @@ fn case_calls_beyond_the_credits(srv: &Server, good: &mut Peer) -> Counts {
     // Receive buffers of the connection's own: a Send beyond the credits
     // is retried as often as the accept says (RNR_RETRY), 655 ms apart.
     assert_eq!(
-        p.qp.rnr_attrs().expect("query the QP").0,
+        p.qp.rnr_attrs().expect("query the QP").retry,
         nfsrdma_server::rdma::listener::RNR_RETRY
     );
     let start = Instant::now();
@@ -2236,7 +2236,7 @@ fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of
     let mut b = Peer::connect(&srv);
     // On a shared queue a requester within its credits may find it empty:
     // its Sends are retried for ever (7), not 3 times.
-    assert_eq!(a.qp.rnr_attrs().expect("query the QP").0, 7);
+    assert_eq!(a.qp.rnr_attrs().expect("query the QP").retry, 7);
     for _ in 0..3 {
         nulls_at_full_credit(&mut [&mut a, &mut b]);
     }

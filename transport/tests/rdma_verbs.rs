@@ -387,8 +387,9 @@ fn accepting_bounds_our_rnr_retries_and_sets_the_peers_and_the_rnr_timer() {
         let ours = req.id.accept_bounding_rnr(&param, bound, timer).unwrap();
         cch.expect(CmEventKind::Established, Some(T)).unwrap();
         lch.expect(CmEventKind::Established, Some(T)).unwrap();
-        let (s_retry, s_timer) = sqp.rnr_attrs().unwrap();
-        let (c_retry, _) = cqp.rnr_attrs().unwrap();
+        let ours_qp = sqp.rnr_attrs().unwrap();
+        let (s_retry, s_timer) = (ours_qp.retry, ours_qp.min_timer);
+        let c_retry = cqp.rnr_attrs().unwrap().retry;
         println!("asked {asked}, bound {bound}, peer {peer}, timer {timer:?}: ours {s_retry} (timer {s_timer}), the peer's {c_retry}");
         assert_eq!(ours, asked.min(bound));
         assert_eq!(s_retry, asked.min(bound));

@@ -72,7 +72,7 @@ pub use cq::{
 pub use device::{Context, DeviceAttrs, DeviceList};
 pub use mr::{Access, MemoryRegion, ProtectionDomain, RemoteBuf, Sge};
 pub use mw::{next_rkey, MemoryWindow, MwAccess};
-pub use qp::{QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr};
+pub use qp::{QpCaps, QueuePair, RecvWr, RnrAttrs, SendFlags, SendOp, SendWr};
 pub use recv::{ReceiveQueue, RecvRing};
 pub use srq::SharedReceiveQueue;
 pub use waker::Waker;

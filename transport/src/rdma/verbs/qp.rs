@@ -15,6 +15,17 @@ use super::mw::{next_rkey, MemoryWindow, MwAccess};
 use super::srq::SharedReceiveQueue;
 use super::{check_range, Result, VerbsError};
 
+/// How a queue pair meets receiver-not-ready, as the device holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RnrAttrs {
+    /// `rnr_retry`: how often the QP's own Sends are retried after an RNR
+    /// NAK (7: for ever).
+    pub retry: u8,
+    /// `min_rnr_timer`: the IB code of the wait the QP asks of a peer
+    /// whose Send found no receive (0: 655.36 ms; 14: 1.28 ms).
+    pub min_timer: u8,
+}
+
 /// Queue depths and limits of a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
@@ -258,11 +269,8 @@ impl QueuePair {
         Ok(attr.timeout)
     }
 
-    /// How the QP meets receiver-not-ready: (its `rnr_retry`, how often
-    /// its own Sends are retried after an RNR NAK, 7 for ever; its
-    /// `min_rnr_timer`, the IB code of the wait it asks of a peer whose
-    /// Send found no receive, 0 for 655.36 ms).
-    pub fn rnr_attrs(&self) -> Result<(u8, u8)> {
+    /// How the QP meets receiver-not-ready (see [`RnrAttrs`]).
+    pub fn rnr_attrs(&self) -> Result<RnrAttrs> {
         // SAFETY: both attribute structs are plain old data; zero is valid.
         let mut attr: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -276,7 +284,10 @@ impl QueuePair {
         if rc != 0 {
             return Err(VerbsError::errno("ibv_query_qp", rc));
         }
-        Ok((attr.rnr_retry, attr.min_rnr_timer))
+        Ok(RnrAttrs {
+            retry: attr.rnr_retry,
+            min_timer: attr.min_rnr_timer,
+        })
     }
 
     /// The capabilities the device granted (may exceed what was asked).
