@@ -2300,6 +2300,56 @@ fn connections_on_a_shared_receive_queue_share_its_buffers_and_get_back_those_of
     );
 }
 
+/// The credit grant in the reply to a NULL sent now.
+fn grant_seen(p: &mut Peer) -> u32 {
+    let xid = p.xid();
+    p.send(&rdma_msg(xid, no_chunks(), &null_call(xid)));
+    let (h, _) = parse(p.reply());
+    assert_eq!(h.xid, xid);
+    h.credit
+}
+
+/// With shared receive queues, each connection on a pool thread is
+/// granted its share of the thread's buffers (at most its credits, at
+/// least one), granted again as connections come and go: 12 buffers give
+/// one connection its 8 credits, two 6 each, three 4 each, and two again
+/// 6 once the third has gone. A requester that sends its full credits
+/// before it has seen a lower grant is served all the same.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn a_shared_receive_queue_grants_each_connection_its_share_of_the_buffers() {
+    let srv = Server::start_config(RdmaConfig {
+        srq_buffers: 12,
+        threads: 1,
+        ..rdma_config()
+    });
+    assert!(srv.listener.shared_receives());
+    let open = |n: u64| wait_until(|| srv.stats.open.load(Ordering::Relaxed) == n);
+    let mut a = Peer::connect(&srv);
+    assert_eq!(
+        grant_seen(&mut a),
+        CREDITS,
+        "one connection: all its credits"
+    );
+    let mut b = Peer::connect(&srv);
+    assert_eq!(grant_seen(&mut b), 6);
+    assert_eq!(grant_seen(&mut a), 6);
+    let mut c = Peer::connect(&srv);
+    assert_eq!(grant_seen(&mut c), 4);
+    assert_eq!(grant_seen(&mut a), 4);
+    // Calls sent under the earlier grant, up to the credits, are served.
+    nulls_at_full_credit(&mut [&mut a, &mut b]);
+    drop(c);
+    assert!(open(2), "{}", srv.stats.report());
+    assert_eq!(
+        grant_seen(&mut a),
+        6,
+        "the third's share back to the others"
+    );
+    assert_eq!(grant_seen(&mut b), 6);
+    check_good(&mut a, &srv);
+}
+
 /// More shared receive buffers than the device's shared receive queues
 /// (or half its largest CQ) take: the listener does not start, and says
 /// why.

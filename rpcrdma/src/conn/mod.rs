@@ -347,7 +347,8 @@ pub struct Config {
     /// buffer of the pool (its work request id names it), and each buffer
     /// is given back to be posted once its message is done with: a call's
     /// when the call is, a reply's (to one of our `calls`) as soon as it
-    /// is parsed. The grant stays `credits`: a call beyond it ends the
+    /// is parsed. The grant starts at `credits` and the driver may lower
+    /// it ([`Connection::set_grant`]); a call beyond `credits` ends the
     /// connection.
     pub shared_receives: bool,
 }
@@ -533,6 +534,21 @@ impl<L: Piece> Connection<L> {
             });
         }
         c
+    }
+
+    /// Grants the peer `n` credits in the replies built from now on,
+    /// within 1..=[`Config::credits`] (which stays the bound on its calls:
+    /// see [`credits`]); returns the grant in force. For a driver whose
+    /// connections share receive buffers ([`Config::shared_receives`]).
+    pub fn set_grant(&mut self, n: u32) -> u32 {
+        let g = self.credits.set_grant(n);
+        self.serve.set_grant(g);
+        g
+    }
+
+    /// The credits granted in replies now.
+    pub fn grant(&self) -> u32 {
+        self.credits.grant()
     }
 
     /// The settings in force.

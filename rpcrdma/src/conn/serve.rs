@@ -171,6 +171,11 @@ impl<L> Serve<L> {
         }
     }
 
+    /// The grant replies carry from now on.
+    pub(super) fn set_grant(&mut self, g: u32) {
+        self.rcfg.credits = g;
+    }
+
     pub(super) fn chunk_slots_in_use(&self) -> u32 {
         self.chunk_slots - self.chunk_slots_free
     }

@@ -188,3 +188,41 @@ fn a_reply_to_a_backward_call_in_a_shared_buffer_is_matched_and_its_buffer_given
     assert_eq!(c.held_receives(), 0);
     assert_eq!(c.stats().unmatched_replies, 0);
 }
+
+#[test]
+fn replies_carry_the_grant_in_force_and_a_call_sent_under_a_higher_one_is_served() {
+    let mut c = shared(4);
+    // The credit field of the reply header (RFC 8166 §4.2.1: xid, vers,
+    // credit, proc).
+    let grant_in_reply = |c: &Connection<Bytes>, id| {
+        let plan = c
+            .plan_reply(id, |_| {})
+            .expect("a call held")
+            .expect("a plan");
+        u32::from_be_bytes(plan.header[8..12].try_into().unwrap())
+    };
+    c.received(recv::wr_id(1), null_call(1), None);
+    let first = calls(&mut c);
+    assert_eq!(grant_in_reply(&c, first[0]), 4, "all the credits at first");
+    assert_eq!(c.set_grant(2), 2);
+    assert_eq!(c.grant(), 2);
+    assert_eq!(
+        grant_in_reply(&c, first[0]),
+        2,
+        "a reply built now carries the lower grant"
+    );
+    // The requester sent these before it saw the lower grant: within
+    // the credits, they are served.
+    for xid in 2..=4 {
+        c.received(recv::wr_id(xid), null_call(xid), None);
+    }
+    assert_eq!(calls(&mut c).len(), 3);
+    assert!(!c.is_closed());
+    // A fifth at once is beyond the credits.
+    c.received(recv::wr_id(5), null_call(5), None);
+    assert!(
+        c.is_closed(),
+        "a call beyond the credits still ends the connection"
+    );
+    assert_eq!(c.set_grant(0), 1, "never zero");
+}

@@ -138,6 +138,12 @@ impl Conn {
         }
     }
 
+    /// Grants the peer `n` credits from the next reply on (within 1..=the
+    /// connection's credits); returns the grant in force.
+    pub fn set_grant(&mut self, n: u32) -> u32 {
+        self.core.set_grant(n)
+    }
+
     /// The peer's address.
     pub fn peer(&self) -> std::net::SocketAddr {
         self.ctx.peer

@@ -472,6 +472,9 @@ struct PoolThread {
     back: (mpsc::Sender<Msg>, Arc<Waker>),
     /// The thread's shared receive queue, if it has one.
     shared: Option<Arc<SharedRecv>>,
+    /// The number of connections the shared queue's buffers were last
+    /// shared among ([`PoolThread::share_receives`]).
+    shared_among: usize,
 }
 
 impl PoolThread {
@@ -493,7 +496,46 @@ impl PoolThread {
             long,
             back,
             shared,
+            shared_among: 0,
         }
+    }
+
+    /// On a shared receive queue, each connection is granted its share of
+    /// the queue's buffers (at least one, at most its credits), set again
+    /// whenever the thread's connections come or go: requesters that keep
+    /// to their grants then never find the queue empty, where a grant of
+    /// every connection's full credits would let a few busy ones take
+    /// every buffer and leave the others' Sends to receiver-not-ready
+    /// retries. (Calls sent under a connection's earlier, higher grant are
+    /// still served: see `nfsrdma_rpcrdma::conn::credits`.)
+    fn share_receives(&mut self) {
+        let Some(s) = &self.shared else {
+            return;
+        };
+        if self.conns.len() == self.shared_among {
+            return;
+        }
+        self.shared_among = self.conns.len();
+        let Ok(n) = u32::try_from(self.shared_among) else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        let share = (s.ring.len() as u32 / n).max(1);
+        let mut granted = 0;
+        for e in self.conns.values_mut() {
+            granted = e.conn.set_grant(share);
+        }
+        self.stats
+            .credits_granted
+            .store(u64::from(granted), Ordering::Relaxed);
+        tracing::debug!(
+            connections = n,
+            buffers = s.ring.len(),
+            grant = granted,
+            "RDMA pool thread: credits granted on the shared receive queue"
+        );
     }
 
     /// Whether buffers of the shared receive queue wait to be posted once
@@ -509,6 +551,7 @@ impl PoolThread {
             if !self.messages() {
                 break;
             }
+            self.share_receives();
             self.poller
                 .set_wait_slice(if self.waiting.is_empty() && !self.has_orphans() {
                     IDLE_WAIT
@@ -538,6 +581,7 @@ impl PoolThread {
             }
             self.batch(&mut wcs);
             self.between_batches();
+            self.share_receives();
         }
         for (_, e) in self.conns.drain() {
             drop_entry(e, &self.stats, true);
