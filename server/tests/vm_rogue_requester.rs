@@ -21,7 +21,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
-use common::nfs4::{copy_whole, create_session, exchange_id};
+use common::nfs4::{copy_whole, create_session, create_session_back, exchange_id};
 use common::{assert_success, root_cred};
 use nfsrdma_server::exports::Exports;
 use nfsrdma_server::rdma::{RdmaConfig, RdmaDevice, RdmaListener, RdmaStats};
@@ -2348,6 +2348,59 @@ fn a_shared_receive_queue_grants_each_connection_its_share_of_the_buffers() {
     );
     assert_eq!(grant_seen(&mut b), 6);
     check_good(&mut a, &srv);
+}
+
+/// The replies to backward calls (RFC 8167) land in the shared receive
+/// queue too: once a connection has carried one, its backward call slots
+/// are kept out of the buffers shared. 12 buffers, 2 backward call slots
+/// per connection: two connections 6 credits each; once the first is its
+/// session's backchannel (CREATE_SESSION with CONN_BACK_CHAN, then the
+/// server's CB_NULL probe on it) (12 - 2) / 2 = 5 each, with a third
+/// (12 - 2) / 3 = 3 each, and 12 / 2 = 6 again once the backchannel's
+/// connection has gone.
+#[test]
+#[ignore = "needs an RDMA device: run with scripts/test-vm"]
+fn shared_receive_queue_grants_leave_room_for_the_replies_to_backward_calls() {
+    let srv = Server::start_config(RdmaConfig {
+        srq_buffers: 12,
+        threads: 1,
+        backward_calls: 2,
+        ..rdma_config()
+    });
+    assert!(srv.listener.shared_receives());
+    let open = |n: u64| wait_until(|| srv.stats.open.load(Ordering::Relaxed) == n);
+    let mut a = Peer::connect(&srv);
+    let mut b = Peer::connect(&srv);
+    assert_eq!(grant_seen(&mut a), 6);
+    assert_eq!(grant_seen(&mut b), 6, "no backchannel yet: halves");
+    let r = compound_in_process(&srv, 1, vec![exchange_id("srq-backchannel", 1)]);
+    let ResOp::ExchangeId(Ok(e)) = &r.results[0] else {
+        panic!("{r:?}")
+    };
+    let mut args = BytesMut::new();
+    Compound4Args {
+        tag: Utf8Str(Bytes::new()),
+        minorversion: 1,
+        ops: vec![create_session_back(e.clientid, e.sequenceid)],
+    }
+    .encode(&mut args);
+    let xid = a.xid();
+    let call = rpc_call(xid, NFS_PROGRAM, 4, PROC_COMPOUND, &args);
+    a.send(&rdma_msg(xid, no_chunks(), &call));
+    assert!(
+        wait_until(|| srv.stats.backward_calls.load(Ordering::Relaxed) >= 1),
+        "no backward call on the session's backchannel: {}",
+        srv.stats.report()
+    );
+    assert_eq!(grant_seen(&mut b), 5, "2 of 12 kept for a's backward calls");
+    let mut c = Peer::connect(&srv);
+    assert_eq!(grant_seen(&mut c), 3);
+    assert_eq!(grant_seen(&mut b), 3);
+    drop(a);
+    assert!(open(2), "{}", srv.stats.report());
+    assert_eq!(grant_seen(&mut b), 6, "no backchannel left: halves");
+    assert_eq!(grant_seen(&mut c), 6);
+    check_good(&mut b, &srv);
 }
 
 /// More shared receive buffers than the device's shared receive queues

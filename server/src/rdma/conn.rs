@@ -144,6 +144,12 @@ impl Conn {
         self.core.set_grant(n)
     }
 
+    /// Backward calls this connection may have in flight at once: the
+    /// receives their replies may take besides the peer's calls.
+    pub fn backward_slots(&self) -> u32 {
+        self.core.config().calls
+    }
+
     /// The peer's address.
     pub fn peer(&self) -> std::net::SocketAddr {
         self.ctx.peer

@@ -451,6 +451,9 @@ struct Entry {
     /// Its work was flushed at this time: the thread waits for the
     /// connection manager's report of the disconnect.
     flushed: Option<Instant>,
+    /// It has carried a backward call: replies to its backward calls may
+    /// take buffers of the shared receive queue.
+    backchannel: bool,
 }
 
 /// A pool thread's state.
@@ -472,9 +475,9 @@ struct PoolThread {
     back: (mpsc::Sender<Msg>, Arc<Waker>),
     /// The thread's shared receive queue, if it has one.
     shared: Option<Arc<SharedRecv>>,
-    /// The number of connections the shared queue's buffers were last
-    /// shared among ([`PoolThread::share_receives`]).
-    shared_among: usize,
+    /// Connections came, went or began backward calls since the shared
+    /// queue's buffers were last shared ([`PoolThread::share_receives`]).
+    reshare: bool,
 }
 
 impl PoolThread {
@@ -496,7 +499,7 @@ impl PoolThread {
             long,
             back,
             shared,
-            shared_among: 0,
+            reshare: false,
         }
     }
 
@@ -506,23 +509,25 @@ impl PoolThread {
     /// to their grants then never find the queue empty, where a grant of
     /// every connection's full credits would let a few busy ones take
     /// every buffer and leave the others' Sends to receiver-not-ready
-    /// retries. (Calls sent under a connection's earlier, higher grant are
+    /// retries. The replies to backward calls (RFC 8167) land in the queue
+    /// too: each connection that has carried one keeps its backward call
+    /// slots out of what is shared. (Calls sent under a connection's earlier, higher grant are
     /// still served: see `nfsrdma_rpcrdma::conn::credits`.)
     fn share_receives(&mut self) {
         let Some(s) = &self.shared else {
             return;
         };
-        if self.conns.len() == self.shared_among {
+        if !std::mem::take(&mut self.reshare) || self.conns.is_empty() {
             return;
         }
-        self.shared_among = self.conns.len();
-        let Ok(n) = u32::try_from(self.shared_among) else {
-            return;
-        };
-        if n == 0 {
-            return;
-        }
-        let share = (s.ring.len() as u32 / n).max(1);
+        let n = self.conns.len();
+        let kept: usize = (self.conns.values())
+            .filter(|e| e.backchannel)
+            .map(|e| e.conn.backward_slots() as usize)
+            .sum();
+        let share = u32::try_from(s.ring.len().saturating_sub(kept) / n)
+            .unwrap_or(u32::MAX)
+            .max(1);
         let mut granted = 0;
         for e in self.conns.values_mut() {
             granted = e.conn.set_grant(share);
@@ -533,6 +538,7 @@ impl PoolThread {
         tracing::debug!(
             connections = n,
             buffers = s.ring.len(),
+            kept_for_backward_replies = kept,
             grant = granted,
             "RDMA pool thread: credits granted on the shared receive queue"
         );
@@ -607,6 +613,7 @@ impl PoolThread {
                         id,
                         done,
                         flushed: None,
+                        backchannel: false,
                     };
                     if let Err(err) = self.poller.add_cq(cq) {
                         tracing::error!(error = %err, "RDMA pool thread: a CQ it cannot poll");
@@ -614,6 +621,7 @@ impl PoolThread {
                         continue;
                     }
                     let stale = self.conns.insert(qp, e);
+                    self.reshare = true;
                     // None can be there: an entry holds its queue pair, so
                     // its number is not given to another until it is gone.
                     if let Some(e) = stale {
@@ -627,6 +635,7 @@ impl PoolThread {
                 }) => {
                     let meant = self.conns.get(&qp_num).is_some_and(|e| e.serial == serial);
                     if let Some(e) = meant.then(|| self.conns.remove(&qp_num)).flatten() {
+                        self.reshare = true;
                         if e.flushed.is_some() {
                             tracing::debug!(peer = %e.conn.peer(), "RDMA connection closed by the peer");
                         }
@@ -666,6 +675,10 @@ impl PoolThread {
                     };
                     if e.serial != serial || e.flushed.is_some() {
                         continue;
+                    }
+                    if !e.backchannel {
+                        e.backchannel = true;
+                        self.reshare = true;
                     }
                     match e.conn.back_call(parts) {
                         Ok(()) => self.after_work(qp_num),
@@ -815,6 +828,7 @@ impl PoolThread {
         }
         for qp in overdue {
             if let Some(e) = self.conns.remove(&qp) {
+                self.reshare = true;
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     peer = %e.conn.peer(),
@@ -843,6 +857,7 @@ impl PoolThread {
             return;
         }
         if let Some(e) = self.conns.remove(&qp) {
+            self.reshare = true;
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
             tracing::info!(peer = %e.conn.peer(), error = %err, "RDMA connection ended");
             let _ = e.id.disconnect();
