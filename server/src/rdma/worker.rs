@@ -511,8 +511,9 @@ impl PoolThread {
     /// every buffer and leave the others' Sends to receiver-not-ready
     /// retries. The replies to backward calls (RFC 8167) land in the queue
     /// too: each connection that has carried one keeps its backward call
-    /// slots out of what is shared. (Calls sent under a connection's earlier, higher grant are
-    /// still served: see `nfsrdma_rpcrdma::conn::credits`.)
+    /// slots out of what is shared. (Calls sent under a connection's
+    /// earlier, higher grant are still served: see
+    /// `nfsrdma_rpcrdma::conn::credits`.)
     fn share_receives(&mut self) {
         let Some(s) = &self.shared else {
             return;
